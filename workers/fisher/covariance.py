@@ -1,0 +1,72 @@
+"""C_q: the covariance of output-embedding rows under a next-token distribution q.
+
+For every parameter outside the LM head kappa_{i,a} = w_a^T u_i, so the token Fisher under q is
+u_i^T C_q u_i with C_q = sum_a q_a (w_a - wbar)(w_a - wbar)^T. Its eigenvectors are the only output
+directions a backward pass needs; its rank is at most (support of q) - 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class OutputCovariance:
+    """Eigen-decomposition of C_q (float64), descending."""
+
+    eigenvalues: torch.Tensor  # [d]
+    eigenvectors: torch.Tensor  # [d, d], column j pairs with eigenvalues[j]
+    mean_row: torch.Tensor  # [d] wbar = sum_a q_a w_a
+    support: int  # n = #{a: q_a > 0}
+
+    @property
+    def trace(self) -> float:
+        return float(self.eigenvalues.clamp_min(0).sum())
+
+    def numerical_rank(self) -> int:
+        lam = self.eigenvalues
+        top = float(lam[0]) if lam.numel() else 0.0
+        if top <= 0:
+            return 0
+        tol = top * lam.numel() * torch.finfo(torch.float64).eps * 16
+        return int((lam > tol).sum())
+
+    def effective_rank(self) -> float:
+        """exp of the entropy of lambda / sum lambda."""
+        lam = self.eigenvalues.clamp_min(0)
+        total = lam.sum()
+        if total <= 0:
+            return 0.0
+        w = lam[lam > 0] / total
+        return math.exp(float(-(w * w.log()).sum()))
+
+    def participation_ratio(self) -> float:
+        lam = self.eigenvalues.clamp_min(0)
+        denom = float((lam * lam).sum())
+        return float(lam.sum()) ** 2 / denom if denom > 0 else 0.0
+
+    def uncentered_eigenvalues(self) -> torch.Tensor:
+        """Spectrum of C_q + wbar wbar^T (the second moment without centering)."""
+        v = self.eigenvectors
+        second = (v * self.eigenvalues) @ v.T + torch.outer(self.mean_row, self.mean_row)
+        return torch.linalg.eigvalsh(second).flip(0)
+
+
+def output_covariance(head: torch.Tensor, q: torch.Tensor) -> OutputCovariance:
+    """C_q for LM-head rows ``head`` [V, d] (any float dtype) and distribution ``q`` [V] (float64)."""
+    support = q > 0
+    rows = head[support].to(torch.float64)  # [n, d]
+    weights = q[support]
+    mean_row = weights @ rows
+    centered = (rows - mean_row) * weights.sqrt()[:, None]
+    cov = centered.T @ centered
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    return OutputCovariance(
+        eigenvalues=eigenvalues.flip(0),
+        eigenvectors=eigenvectors.flip(1),
+        mean_row=mean_row,
+        support=int(support.sum()),
+    )

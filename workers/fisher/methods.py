@@ -1,0 +1,129 @@
+"""How the second moment under a distribution q is formed: exact, truncated, or Monte Carlo.
+
+Each method turns C_q into a *plan*: hidden-space directions with weights (sum_j w_j (d(v_j^T h)/dtheta)^2
+is the input-side Fisher), the per-row coefficient of the LM head's closed form (f_{(c,k)} = h_k^2 coef_c),
+and, for tied embeddings, one probe direction per prefix token for the cross term
+2 h_k * [d(probe_c^T h)/dE_{c,k}].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from workers.fisher.covariance import OutputCovariance
+
+
+class MethodName(StrEnum):
+    EXACT = "exact"
+    TRUNCATED = "truncated"
+    MC = "mc"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: MethodName = MethodName.EXACT
+    fraction: float | None = None  # truncated: share of trace to keep
+    samples: int | None = None  # mc: tokens drawn
+    seed: int = 0
+
+    @staticmethod
+    def parse(text: str, seed: int = 0) -> Method:
+        head, _, arg = text.partition(":")
+        if head == MethodName.EXACT and not arg:
+            return Method()
+        if head == MethodName.TRUNCATED:
+            try:
+                fraction = float(arg)
+            except ValueError:
+                fraction = float("nan")
+            if not 0 < fraction <= 1:
+                raise ValueError(f"truncated:FRACTION needs 0 < FRACTION <= 1, got {arg!r}")
+            return Method(MethodName.TRUNCATED, fraction=fraction, seed=seed)
+        if head == MethodName.MC:
+            if not arg.isdigit() or int(arg) < 2:
+                raise ValueError(f"mc:SAMPLES needs an integer SAMPLES >= 2, got {arg!r}")
+            return Method(MethodName.MC, samples=int(arg), seed=seed)
+        raise ValueError(f"unknown method {text!r}: use exact, truncated:FRACTION or mc:SAMPLES")
+
+    def __str__(self) -> str:
+        if self.name == MethodName.TRUNCATED:
+            return f"truncated:{self.fraction:g}"
+        if self.name == MethodName.MC:
+            return f"mc:{self.samples}"
+        return "exact"
+
+
+@dataclass
+class SecondMomentPlan:
+    vectors: torch.Tensor  # [r, d] float64
+    weights: torch.Tensor  # [r] float64
+    head_coefficient: torch.Tensor  # [V] float64
+    probes: dict[int, torch.Tensor]  # prefix token id -> [d] float64
+    kept_share: float  # share of trace(C_q) the directions carry (1 for exact)
+    missing_estimate: float  # estimated input-side Fisher the dropped directions would add, as a share
+
+
+def second_moment_plan(
+    q: torch.Tensor,
+    covariance: OutputCovariance,
+    head: torch.Tensor,
+    prefix_tokens: list[int],
+    method: Method,
+) -> SecondMomentPlan:
+    """q: [V] float64; head: [V, d] LM-head rows; prefix_tokens: distinct ids of the context (tied only)."""
+    if method.name == MethodName.MC:
+        return _monte_carlo_plan(q, covariance, head, prefix_tokens, method)
+    rank = covariance.numerical_rank()
+    lam = covariance.eigenvalues[:rank]
+    keep = rank
+    if method.name == MethodName.TRUNCATED and rank:
+        assert method.fraction is not None
+        share = torch.cumsum(lam, 0) / lam.sum()
+        keep = int(torch.searchsorted(share, torch.tensor(method.fraction, dtype=share.dtype)).item()) + 1
+        keep = min(keep, rank)
+    total = float(lam.sum()) if rank else 0.0
+    kept_share = float(lam[:keep].sum()) / total if total > 0 else 1.0
+    head64 = head.to(torch.float64)
+    probes = {c: q[c] * (head64[c] - covariance.mean_row) for c in prefix_tokens}
+    return SecondMomentPlan(
+        vectors=covariance.eigenvectors[:, :keep].T.contiguous(),
+        weights=lam[:keep].clone(),
+        head_coefficient=q * (1 - q),
+        probes=probes,
+        kept_share=kept_share,
+        # assumes the dropped directions are seen like the kept ones, per unit of eigenvalue
+        missing_estimate=(1 - kept_share) / kept_share if kept_share > 0 else 0.0,
+    )
+
+
+def _monte_carlo_plan(
+    q: torch.Tensor,
+    covariance: OutputCovariance,
+    head: torch.Tensor,
+    prefix_tokens: list[int],
+    method: Method,
+) -> SecondMomentPlan:
+    """(1/S) sum_s (kappa_{a_s} - kbar^q)^2 with a_s ~ q: the sampled estimator used in practice."""
+    assert method.samples is not None
+    generator = torch.Generator().manual_seed(method.seed)
+    samples = torch.multinomial(q, method.samples, replacement=True, generator=generator)
+    head64 = head.to(torch.float64)
+    deviations = head64[samples] - covariance.mean_row  # [S, d]
+    s = float(method.samples)
+    counts = torch.bincount(samples, minlength=q.numel()).to(torch.float64)
+    head_coefficient = (counts * (1 - q) ** 2 + (s - counts) * q**2) / s
+    probes = {}
+    for c in prefix_tokens:
+        indicator = (samples == c).to(torch.float64) - q[c]  # [S]
+        probes[c] = indicator @ deviations / s
+    return SecondMomentPlan(
+        vectors=deviations,
+        weights=torch.full((method.samples,), 1 / s, dtype=torch.float64),
+        head_coefficient=head_coefficient,
+        probes=probes,
+        kept_share=1.0,
+        missing_estimate=0.0,
+    )
