@@ -1,0 +1,87 @@
+"""Cost estimate of an analysis, before it runs (torch-free).
+
+Why: the API refuses a request whose estimate exceeds the configured budget and names cheaper methods,
+instead of tying up a worker for an hour. The exact method back-propagates r directions through the
+model at every analysed position, about 2 r P flop per context token (DESIGN §3), r <= d_model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from backend.schemas import AnalysisJob, CostEstimate, SamplerKind, parse_method
+
+
+class SizedModel(Protocol):
+    n_params: int
+    d_model: int
+
+
+def context_lengths(job: AnalysisJob) -> list[int]:
+    """Context length of every analysed position: one for a prefix, T along a continuation.
+
+    Position t (1-based) predicts y_t from the prefix plus y_1..y_{t-1}: len(prefix) + t - 1 tokens.
+    """
+    n_prefix = len(job.input_ids)
+    if not job.continuation_ids:
+        return [n_prefix]
+    return [n_prefix + t - 1 for t in range(1, len(job.continuation_ids) + 1)]
+
+
+def is_on_policy(job: AnalysisJob) -> bool:
+    """mu == p exactly: model sampler, T = 1, no truncation, float32 engine."""
+    sampler = job.sampler
+    return (
+        sampler.kind == SamplerKind.model
+        and sampler.temperature == 1.0
+        and sampler.top_k is None
+        and sampler.top_p >= 1.0
+        and sampler.engine == "model"
+    )
+
+
+def sampler_directions(d_model: int, job: AnalysisJob) -> int:
+    """Rank bound of C_mu: d_model, or k - 1 under top-k (at least one direction)."""
+    top_k = job.sampler.top_k if job.sampler.kind == SamplerKind.model else None
+    if top_k is not None:
+        return max(1, min(d_model, top_k - 1))
+    return d_model
+
+
+def estimate_cost(info: SizedModel, job: AnalysisJob, flops_per_second: float = 1e11) -> CostEstimate:
+    """Flops and seconds of `job` on a model with `info.n_params` parameters.
+
+    Off-policy (mu != p) adds the d_model directions of the Fisher under p, which rho needs.
+    `truncated:F` keeps about F of the directions (stated as an upper bound); `mc:S` uses S.
+    """
+    name, fraction, samples = parse_method(job.method)
+    mu_directions = sampler_directions(info.d_model, job)
+    p_directions = 0 if is_on_policy(job) else info.d_model
+    if name == "truncated":
+        assert fraction is not None
+        mu_directions = max(1, math.ceil(fraction * mu_directions))
+        p_directions = math.ceil(fraction * p_directions)
+    elif name == "mc":
+        assert samples is not None
+        mu_directions = samples
+        p_directions = samples if p_directions else 0
+    directions = mu_directions + p_directions
+    tokens = sum(context_lengths(job))
+    flops = 2.0 * info.n_params * tokens * (directions + 1)  # + 1: the forward pass
+    return CostEstimate(
+        flops=flops,
+        seconds=flops / max(flops_per_second, 1.0),
+        directions=directions,
+        upper_bound=name == "truncated",
+    )
+
+
+def cheaper_methods(info: SizedModel, job: AnalysisJob, budget_flops: float) -> list[str]:
+    """Methods that would fit the budget for this job, cheapest last (mc:16 is always offered)."""
+    offers: list[str] = []
+    for method in ("truncated:0.5", "truncated:0.25", "truncated:0.1", "mc:64", "mc:16"):
+        candidate = job.model_copy(update={"method": method})
+        if estimate_cost(info, candidate).flops <= budget_flops:
+            offers.append(method)
+    return offers

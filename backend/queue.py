@@ -1,0 +1,73 @@
+"""Job queues: RQ over Redis for a fleet of workers, or one in-process thread when embedded.
+
+Why RQ: an existing library whose non-forking `SimpleWorker` keeps loaded models between jobs. Its
+jobs are serialized as JSON (`JSONSerializer`): nothing read from Redis is ever unpickled. The job
+functions live in `workers.jobs` and are named by dotted path, so this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as stdlib_queue
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+ANALYSIS_FUNCTION = "workers.jobs.run_analysis_job"
+EXPORT_FUNCTION = "workers.jobs.run_export_job"
+
+log = logging.getLogger(__name__)
+
+
+class JobQueue(ABC):
+    @abstractmethod
+    def enqueue(self, function: str, payload: dict, analysis_id: str) -> None: ...
+
+
+class RedisQueue(JobQueue):
+    def __init__(self, redis: Any, name: str, job_timeout_s: int) -> None:
+        self.queue = Queue(name, connection=redis, serializer=JSONSerializer)
+        self.job_timeout_s = job_timeout_s
+
+    def enqueue(self, function: str, payload: dict, analysis_id: str) -> None:
+        self.queue.enqueue_call(
+            function,
+            args=[payload],
+            timeout=self.job_timeout_s,
+            result_ttl=0,  # results go to the store, not to RQ
+            failure_ttl=24 * 3600,
+            job_id=f"{analysis_id[:32]}-{uuid.uuid4().hex[:8]}",
+            description=f"{function.rsplit('.', 1)[-1]} {analysis_id[:12]}",
+        )
+
+
+class ThreadQueue(JobQueue):
+    """One daemon thread runs jobs in order; `runner(function, payload)` imports the worker lazily."""
+
+    def __init__(self, runner: Callable[[str, dict], None]) -> None:
+        self.runner = runner
+        self.jobs: stdlib_queue.Queue[tuple[str, dict]] = stdlib_queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def enqueue(self, function: str, payload: dict, analysis_id: str) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="fisherscope-worker", daemon=True)
+                self._thread.start()
+        self.jobs.put((function, payload))
+
+    def _loop(self) -> None:
+        while True:
+            function, payload = self.jobs.get()
+            try:
+                self.runner(function, payload)
+            except Exception:  # the job function records failures itself; keep the thread alive
+                log.exception("in-process job %s failed", function)
+            finally:
+                self.jobs.task_done()

@@ -1,0 +1,133 @@
+"""HTTP routes of /api/v1: thin handlers over `AnalysisService`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import FileResponse, JSONResponse
+
+from backend.schemas import (
+    AnalysisCreate,
+    AnalysisPublic,
+    ErrorBody,
+    Health,
+    ModelPublic,
+    TensorView,
+    TokenizeResponse,
+    TopCoordinates,
+)
+from backend.service import AnalysisService, ServiceError
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "malformed body"},
+    404: {"model": ErrorBody, "description": "unknown analysis, tensor or stat"},
+    409: {"model": ErrorBody, "description": "the analysis is not done yet"},
+    413: {"model": ErrorBody, "description": "body too large"},
+    422: {"model": ErrorBody, "description": "bad request content; `detail` says what to fix"},
+    503: {"model": ErrorBody, "description": "Redis or the model cache is unavailable"},
+}
+
+ID_PATH = r"^[0-9a-f]{64}$"
+
+
+def get_service(request: Request) -> AnalysisService:
+    return request.app.state.service
+
+
+Service = Annotated[AnalysisService, Depends(get_service)]
+AnalysisId = Annotated[str, "analysis id (the cache key)"]
+
+api = APIRouter(prefix="/api/v1", responses=ERRORS)
+health = APIRouter()
+
+
+@api.post(
+    "/analyses",
+    response_model=AnalysisPublic,
+    status_code=202,
+    responses={200: {"model": AnalysisPublic, "description": "finished (served from the cache)"}},
+)
+def create_analysis(create: AnalysisCreate, service: Service, response: Response) -> AnalysisPublic:
+    """Queue an analysis (202) or answer it from the cache (200); the id is the cache key."""
+    public, status = service.submit(create)
+    response.status_code = status
+    return public
+
+
+@api.get("/analyses/{analysis_id}", response_model=AnalysisPublic)
+def read_analysis(analysis_id: AnalysisId, service: Service) -> AnalysisPublic:
+    return service.get(analysis_id)
+
+
+@api.get("/analyses/{analysis_id}/tensors", response_model=list[str])
+def list_tensors(analysis_id: AnalysisId, service: Service) -> list[str]:
+    return service.tensor_names(analysis_id)
+
+
+@api.get("/analyses/{analysis_id}/tensors/{tensor}", response_model=TensorView)
+def read_tensor(
+    analysis_id: AnalysisId,
+    tensor: str,
+    service: Service,
+    stat: Annotated[str, Query(max_length=32)] = "fisher",
+    rows: Annotated[int, Query(ge=1, le=512)] = 64,
+    cols: Annotated[int, Query(ge=1, le=512)] = 64,
+) -> TensorView:
+    """Block sums of one statistic over one tensor, on at most rows x cols blocks (for heatmaps)."""
+    return service.tensor_view(analysis_id, tensor, stat, rows, cols)
+
+
+@api.get("/analyses/{analysis_id}/top", response_model=TopCoordinates)
+def read_top(
+    analysis_id: AnalysisId,
+    service: Service,
+    stat: Annotated[str, Query(max_length=32)] = "fisher",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> TopCoordinates:
+    return service.top(analysis_id, stat, limit)
+
+
+@api.get(
+    "/analyses/{analysis_id}/safetensors",
+    response_model=AnalysisPublic,
+    status_code=202,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "the safetensors file"}},
+)
+def download_safetensors(analysis_id: AnalysisId, service: Service) -> Response:
+    """Every per-parameter array (`<stat>/<param>`); computed on demand, 202 until the file is ready."""
+    answer = service.export(analysis_id)
+    if isinstance(answer, Path):
+        return FileResponse(answer, media_type="application/octet-stream", filename=answer.name)
+    return JSONResponse(answer.model_dump(mode="json"), status_code=202)
+
+
+@api.get("/models", response_model=list[ModelPublic])
+def list_models(service: Service) -> list[ModelPublic]:
+    return service.models()
+
+
+@api.get("/tokenize", response_model=TokenizeResponse)
+def tokenize(
+    service: Service,
+    model: Annotated[str, Query(min_length=1, max_length=128)],
+    text: Annotated[str, Query(max_length=20_000)],
+    special_tokens: bool = False,
+) -> TokenizeResponse:
+    """How a text splits into tokens (continuation rules unless special_tokens), to pick reward tokens."""
+    return service.tokenize(model, text, special_tokens)
+
+
+@health.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    return Health(status="ok")
+
+
+@health.get("/readyz", response_model=Health, responses={503: {"model": ErrorBody}})
+def readyz(service: Service) -> Health:
+    try:
+        service.store.ping()
+    except Exception as error:
+        raise ServiceError(503, f"store unavailable: {type(error).__name__}") from None
+    return Health(status="ready")

@@ -1,0 +1,247 @@
+"""Wire schemas shared by the API, the worker and the dashboard (pydantic v2, torch-free).
+
+`AnalysisCreate` is what a person sends; `AnalysisJob` is the normalized, tokenized request: the one
+object the worker runs and the only source of the cache key (`AnalysisJob.key()`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Per-parameter statistics the engine computes (docs/contract.md).
+STATS: tuple[str, ...] = (
+    "fisher",
+    "uncentered",
+    "raw",
+    "mean_shift",
+    "common",
+    "rho",
+    "policy_grad",
+    "bound",
+)
+
+# Bumped whenever the engine's numbers change, so old cache entries stop matching.
+ENGINE_VERSION = "1"
+
+METHOD_NAMES = ("exact", "truncated", "mc")
+
+
+class SamplerKind(StrEnum):
+    model = "model"
+    data = "data"
+    uniform = "uniform"
+
+
+class EngineKind(StrEnum):
+    model = "model"
+    bf16 = "bf16"
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+
+
+def parse_method(method: str) -> tuple[str, float | None, int | None]:
+    """Split `exact` | `truncated:F` | `mc:S` into (name, fraction, samples).
+
+    Raises ValueError with a message that says which forms are accepted.
+    """
+    usage = "method must be 'exact', 'truncated:F' with 0 < F <= 1, or 'mc:S' with an integer S >= 2"
+    if not isinstance(method, str):
+        raise ValueError(usage)
+    name, sep, arg = method.strip().partition(":")
+    if name == "exact" and not sep:
+        return "exact", None, None
+    if name == "truncated" and sep:
+        try:
+            fraction = float(arg)
+        except ValueError:
+            raise ValueError(f"{usage}; got {method!r}") from None
+        if not (0.0 < fraction <= 1.0):
+            raise ValueError(f"{usage}; got fraction {arg!r}")
+        return "truncated", fraction, None
+    if name == "mc" and sep:
+        try:
+            samples = int(arg)
+        except ValueError:
+            raise ValueError(f"{usage}; got {method!r}") from None
+        if samples < 2:
+            raise ValueError(f"{usage}; got {samples} samples")
+        return "mc", None, samples
+    raise ValueError(f"{usage}; got {method!r}")
+
+
+def format_method(name: str, fraction: float | None, samples: int | None) -> str:
+    """Canonical spelling of a parsed method (so `truncated:.5` and `truncated:0.5` share a key)."""
+    if name == "truncated":
+        return f"truncated:{float(fraction or 0.0)!r}"
+    if name == "mc":
+        return f"mc:{int(samples or 0)}"
+    return "exact"
+
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class SamplerSpec(BaseModel):
+    """The sampler mu as a person writes it (docs/contract.md, DESIGN §2)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: SamplerKind = SamplerKind.model
+    temperature: FiniteFloat = Field(default=1.0, gt=0.0, description="T > 0; 1 = none")
+    top_k: int | None = Field(default=None, ge=1, description="keep the k most probable tokens; null = off")
+    top_p: FiniteFloat = Field(default=1.0, gt=0.0, le=1.0, description="nucleus mass in (0, 1]; 1 = off")
+    engine: EngineKind = EngineKind.model
+    data_token: str | None = Field(
+        default=None, max_length=256, description="text that encodes to exactly one token, or '#ID'"
+    )
+
+
+class AnalysisCreate(BaseModel):
+    """Body of POST /api/v1/analyses."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1, max_length=128, description="an allowed model id")
+    prefix: str = Field(..., min_length=1, max_length=20_000)
+    continuation: str | None = Field(default=None, max_length=20_000)
+    sampler: SamplerSpec = Field(default_factory=lambda: SamplerSpec())
+    reward: dict[Annotated[str, Field(max_length=256)], RewardValue] = Field(
+        default_factory=dict, max_length=1024, description="token (text or '#ID') -> reward; others 0"
+    )
+    method: str = Field("exact", max_length=64, description="exact | truncated:F | mc:S")
+
+    @field_validator("method")
+    @classmethod
+    def _method_is_known(cls, method: str) -> str:
+        parse_method(method)
+        return method
+
+
+class JobSampler(BaseModel):
+    """The sampler after tokenization: the data token is an id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: SamplerKind = SamplerKind.model
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    engine: EngineKind = EngineKind.model
+    data_token_id: int | None = None
+
+
+class AnalysisJob(BaseModel):
+    """The normalized request: what the worker runs and what the cache key hashes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    weights_digest: str
+    input_ids: list[int]
+    continuation_ids: list[int] = Field(default_factory=list)
+    sampler: JobSampler = Field(default_factory=JobSampler)
+    reward: dict[str, float] = Field(default_factory=dict, description="token id (decimal) -> reward")
+    method: str = "exact"
+    engine_version: str = ENGINE_VERSION
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        """sha256 hex of the canonical JSON: the analysis id and cache key."""
+        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
+
+    def parsed_method(self) -> tuple[str, float | None, int | None]:
+        return parse_method(self.method)
+
+
+class CostEstimate(BaseModel):
+    flops: float = Field(..., description="estimated floating-point operations")
+    seconds: float = Field(..., description="flops / the configured throughput")
+    directions: int = Field(..., description="backward directions per analysed position")
+    upper_bound: bool = Field(False, description="true when the estimate is an upper bound (truncated)")
+
+
+class AnalysisPublic(BaseModel):
+    """GET /api/v1/analyses/{id} and the answers of POST."""
+
+    id: str
+    status: JobStatus
+    progress: float = Field(0.0, ge=0.0, le=1.0)
+    stage: str | None = None
+    request: AnalysisJob
+    cost: CostEstimate | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = Field(default=None, description="the summary JSON when done")
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer: `detail` says what to fix."""
+
+    detail: str
+    errors: list[dict[str, Any]] | None = None
+    estimate: CostEstimate | None = None
+    cheaper_methods: list[str] | None = None
+
+
+class PooledView(BaseModel):
+    shape: list[int]
+    row_edges: list[int]
+    col_edges: list[int]
+    values: list[list[float]]
+
+
+class TensorView(BaseModel):
+    tensor: str
+    stat: str
+    view: PooledView
+
+
+class TopCoordinate(BaseModel):
+    tensor: str
+    index: list[int]
+    value: float
+
+
+class TopCoordinates(BaseModel):
+    stat: str
+    coordinates: list[TopCoordinate]
+
+
+class ModelPublic(BaseModel):
+    id: str
+    available: bool
+    n_params: int | None = None
+    size_bytes: int | None = None
+    vocab_size: int | None = None
+    n_layers: int | None = None
+    d_model: int | None = None
+    digest: str | None = None
+
+
+class TokenPiece(BaseModel):
+    id: int
+    text: str
+
+
+class TokenizeResponse(BaseModel):
+    model: str
+    text: str
+    special_tokens: bool
+    tokens: list[TokenPiece]
+
+
+class Health(BaseModel):
+    status: str
+    detail: str | None = None

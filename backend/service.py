@@ -1,0 +1,213 @@
+"""What the routes do: validate, key, look up the cache, enqueue, and read results back.
+
+Why a class apart from the routes: the same operations serve Redis mode and embedded mode (they differ
+only in the store and queue passed in), and tests can drive them without HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from backend.cost import cheaper_methods, estimate_cost
+from backend.normalize import RequestError, check_model_id, check_text, normalize
+from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, JobQueue
+from backend.schemas import (
+    STATS,
+    AnalysisCreate,
+    AnalysisJob,
+    AnalysisPublic,
+    JobStatus,
+    ModelPublic,
+    PooledView,
+    TensorView,
+    TokenizeResponse,
+    TokenPiece,
+    TopCoordinate,
+    TopCoordinates,
+)
+from backend.settings import Settings
+from backend.store import Store, decode_view
+from backend.tokens import TokenCodec, codec_for_file
+from workers.models import catalog
+
+
+class ServiceError(Exception):
+    """An answer other than 2xx that is not about the request's content (404, 409, 503)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+class AnalysisService:
+    def __init__(self, settings: Settings, store: Store, queue: JobQueue) -> None:
+        self.settings = settings
+        self.store = store
+        self.queue = queue
+
+    # --- models and tokens -------------------------------------------------------------------
+    def resolve_model(self, model_id: str) -> tuple[catalog.ModelInfo, TokenCodec]:
+        check_model_id(model_id, self.settings.allowed_models)
+        try:
+            info = catalog.model_info(model_id)
+            return info, codec_for_file(catalog.tokenizer_path(model_id))
+        except catalog.UnknownModel as error:
+            raise RequestError(str(error), field="model") from None
+        except catalog.ModelNotAvailable as error:
+            raise ServiceError(503, str(error)) from None
+
+    def models(self) -> list[ModelPublic]:
+        answers = []
+        for model_id in self.settings.allowed_models:
+            if model_id not in catalog.CATALOG:
+                continue
+            if not catalog.is_available(model_id):
+                answers.append(ModelPublic(id=model_id, available=False))
+                continue
+            info = catalog.model_info(model_id)
+            answers.append(
+                ModelPublic(
+                    id=model_id,
+                    available=True,
+                    n_params=info.n_params,
+                    size_bytes=info.size_bytes,
+                    vocab_size=info.vocab_size,
+                    n_layers=info.n_layers,
+                    d_model=info.d_model,
+                    digest=info.digest,
+                )
+            )
+        return answers
+
+    def tokenize(self, model_id: str, text: str, special_tokens: bool) -> TokenizeResponse:
+        _, codec = self.resolve_model(model_id)
+        check_text(text, "text")
+        ids = codec.encode_prefix(text) if special_tokens else codec.encode_continuation(text)
+        pieces = [TokenPiece(**piece) for piece in codec.pieces(ids)]
+        return TokenizeResponse(model=model_id, text=text, special_tokens=special_tokens, tokens=pieces)
+
+    # --- analyses ----------------------------------------------------------------------------
+    def submit(self, create: AnalysisCreate) -> tuple[AnalysisPublic, int]:
+        """200 with the finished analysis when cached, else 202 (queued once however often asked)."""
+        info, codec = self.resolve_model(create.model)
+        job = normalize(create, codec, info, self.settings.limits())
+        estimate = estimate_cost(info, job, self.settings.flops_per_second)
+        if estimate.flops > self.settings.budget_flops:
+            raise RequestError(
+                f"this analysis is estimated at {estimate.flops / 1e12:.1f} TFLOP "
+                f"(~{estimate.seconds:.0f} s), over the budget of {self.settings.cost_budget_tflop:g} TFLOP; "
+                "shorten the prefix or continuation, or pick a cheaper method",
+                status=422,
+                field="method",
+            ).with_estimate(estimate, cheaper_methods(info, job, self.settings.budget_flops))
+        analysis_id = job.key()
+        meta = self.store.checked_meta(analysis_id)
+        if meta and meta["status"] == JobStatus.done and self.store.get_summary(analysis_id) is None:
+            self.store.fail(analysis_id, "the cached result expired")
+            meta = self.store.get_meta(analysis_id)
+        if meta is None or meta["status"] == JobStatus.failed:
+            fresh = {
+                "status": JobStatus.queued.value,
+                "progress": 0.0,
+                "stage": None,
+                "error": None,
+                "request": job.model_dump(mode="json"),
+                "cost": estimate.model_dump(),
+                "created": time.time(),
+            }
+            if self.store.claim(analysis_id, fresh):
+                self.queue.enqueue(ANALYSIS_FUNCTION, job.model_dump(mode="json"), analysis_id)
+        public = self.get(analysis_id)
+        return public, 200 if public.status == JobStatus.done else 202
+
+    def get(self, analysis_id: str) -> AnalysisPublic:
+        meta = self.store.checked_meta(analysis_id)
+        if meta is None or "request" not in meta:
+            raise ServiceError(404, f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first")
+        result = self.store.get_summary(analysis_id) if meta["status"] == JobStatus.done else None
+        return AnalysisPublic(
+            id=analysis_id,
+            status=meta["status"],
+            progress=meta.get("progress") or 0.0,
+            stage=meta.get("stage"),
+            request=AnalysisJob.model_validate(meta["request"]),
+            cost=meta.get("cost"),
+            error=meta.get("error"),
+            result=result,
+        )
+
+    def _done(self, analysis_id: str) -> AnalysisPublic:
+        public = self.get(analysis_id)
+        if public.status != JobStatus.done:
+            raise ServiceError(409, f"analysis {analysis_id} is {public.status.value}, not done yet")
+        return public
+
+    def tensor_view(self, analysis_id: str, tensor: str, stat: str, rows: int, cols: int) -> TensorView:
+        self._done(analysis_id)
+        _check_stat(stat)
+        header = self.store.get_pooled_header(analysis_id) or {}
+        entry = header.get(stat, {}).get(tensor)
+        blob = self.store.get_pooled_blob(analysis_id, stat, tensor) if entry else None
+        if entry is None or blob is None:
+            raise ServiceError(404, f"no tensor {tensor!r} with stat {stat!r} in analysis {analysis_id}")
+        view = coarsen(decode_view(entry, blob), rows, cols)
+        return TensorView(tensor=tensor, stat=stat, view=view)
+
+    def tensor_names(self, analysis_id: str) -> list[str]:
+        self._done(analysis_id)
+        header = self.store.get_pooled_header(analysis_id) or {}
+        return list(header.get("fisher", {}))
+
+    def top(self, analysis_id: str, stat: str, limit: int) -> TopCoordinates:
+        public = self._done(analysis_id)
+        tops = (public.result or {}).get("top_coordinates") or {}
+        if stat not in tops:
+            raise ServiceError(404, f"no top coordinates for stat {stat!r}; available: {sorted(tops)}")
+        return TopCoordinates(stat=stat, coordinates=[TopCoordinate(**c) for c in tops[stat][:limit]])
+
+    def export(self, analysis_id: str) -> Path | AnalysisPublic:
+        """The safetensors file when ready; else start computing it (once) and say so."""
+        public = self._done(analysis_id)
+        path = export_path(self.settings, analysis_id)
+        if path.is_file():
+            return path
+        meta = self.store.get_meta(analysis_id) or {}
+        started = meta.get("export_started") or 0.0
+        if meta.get("export_status") != "running" or time.time() - started > self.settings.job_timeout_s:
+            self.store.update_meta(analysis_id, export_status="running", export_started=time.time())
+            self.queue.enqueue(EXPORT_FUNCTION, public.request.model_dump(mode="json"), analysis_id)
+        return self.get(analysis_id)
+
+
+def export_path(settings: Settings, analysis_id: str) -> Path:
+    return settings.exports_dir / f"{analysis_id}.safetensors"
+
+
+def _check_stat(stat: str) -> None:
+    if stat not in STATS:
+        raise RequestError(f"stat must be one of {list(STATS)}; got {stat!r}", field="stat")
+
+
+def _group_bounds(n_blocks: int, n_groups: int) -> np.ndarray:
+    n_groups = max(1, min(n_groups, n_blocks))
+    return np.unique(np.linspace(0, n_blocks, n_groups + 1).round().astype(int))
+
+
+def coarsen(view: dict, rows: int, cols: int) -> PooledView:
+    """Merge neighbouring blocks of a stored pooled view (block sums stay exact block sums)."""
+    values = np.asarray(view["values"], dtype=np.float64)
+    row_bounds = _group_bounds(values.shape[0], rows)
+    col_bounds = _group_bounds(values.shape[1], cols)
+    merged = np.add.reduceat(np.add.reduceat(values, row_bounds[:-1], axis=0), col_bounds[:-1], axis=1)
+    row_edges = [int(view["row_edges"][i]) for i in row_bounds]
+    col_edges = [int(view["col_edges"][i]) for i in col_bounds]
+    return PooledView(
+        shape=[int(n) for n in merged.shape],
+        row_edges=row_edges,
+        col_edges=col_edges,
+        values=merged.tolist(),
+    )

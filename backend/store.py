@@ -1,0 +1,280 @@
+"""Where analyses live between the API and the worker: status, summary JSON, pooled float32 views.
+
+Why two stores behind one interface: with REDIS_URL the API and any number of workers share Redis;
+embedded, one process keeps them in memory and persists finished analyses to a folder so links survive
+a restart. Nothing is pickled: metadata and summaries are JSON, pooled views are raw little-endian
+float32 bytes plus a JSON header. Full per-parameter arrays never enter a store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# A running job refreshes its lease this often; a lease older than LEASE_TTL_S means the worker died.
+LEASE_REFRESH_S = 2.0
+LEASE_TTL_S = 10.0
+WORKER_DIED = (
+    "the worker stopped (crashed, was killed or lost its connection) while running this analysis; "
+    "POST the same request again to retry"
+)
+
+
+def encode_pooled(pooled: dict[str, dict[str, dict]]) -> tuple[dict, dict[str, bytes]]:
+    """Split `{stat: {tensor: PooledView}}` into a JSON header and float32 blobs keyed `stat/tensor`."""
+    header: dict[str, dict[str, dict]] = {}
+    blobs: dict[str, bytes] = {}
+    for stat, views in pooled.items():
+        header[stat] = {}
+        for tensor, view in views.items():
+            values = np.asarray(view["values"], dtype="<f4")
+            header[stat][tensor] = {
+                "shape": [int(n) for n in values.shape],
+                "row_edges": [int(e) for e in view["row_edges"]],
+                "col_edges": [int(e) for e in view["col_edges"]],
+            }
+            blobs[f"{stat}/{tensor}"] = values.tobytes()
+    return header, blobs
+
+
+def decode_view(entry: dict, blob: bytes) -> dict:
+    values = np.frombuffer(blob, dtype="<f4").reshape(entry["shape"])
+    return {**entry, "values": values}
+
+
+class Store(ABC):
+    """Status records (`meta`), summaries and pooled views of analyses, keyed by analysis id."""
+
+    @abstractmethod
+    def ping(self) -> None: ...
+
+    @abstractmethod
+    def get_meta(self, analysis_id: str) -> dict | None: ...
+
+    @abstractmethod
+    def claim(self, analysis_id: str, meta: dict) -> bool:
+        """Write `meta` unless a live (non-failed) record exists; True when the caller must enqueue."""
+
+    @abstractmethod
+    def update_meta(self, analysis_id: str, **fields: Any) -> None: ...
+
+    @abstractmethod
+    def save_result(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
+        """Store the summary and pooled views, then mark the analysis done."""
+
+    @abstractmethod
+    def get_summary(self, analysis_id: str) -> dict | None: ...
+
+    @abstractmethod
+    def get_pooled_header(self, analysis_id: str) -> dict | None: ...
+
+    @abstractmethod
+    def get_pooled_blob(self, analysis_id: str, stat: str, tensor: str) -> bytes | None: ...
+
+    @abstractmethod
+    def touch_lease(self, analysis_id: str) -> None: ...
+
+    @abstractmethod
+    def lease_alive(self, analysis_id: str) -> bool: ...
+
+    @abstractmethod
+    def count(self, counter: str) -> int:
+        """Increment and return a named counter (e.g. engine runs, which the cache tests read)."""
+
+    @abstractmethod
+    def read_counter(self, counter: str) -> int: ...
+
+    def set_progress(self, analysis_id: str, stage: str, progress: float) -> None:
+        self.update_meta(analysis_id, status="running", stage=stage, progress=min(max(progress, 0.0), 1.0))
+        self.touch_lease(analysis_id)
+
+    def fail(self, analysis_id: str, error: str) -> None:
+        self.update_meta(analysis_id, status="failed", error=error)
+
+    def checked_meta(self, analysis_id: str) -> dict | None:
+        """The meta, with a running job whose worker died turned into failed (never running forever)."""
+        meta = self.get_meta(analysis_id)
+        if meta and meta["status"] == "running" and not self.lease_alive(analysis_id):
+            self.fail(analysis_id, WORKER_DIED)
+            meta = self.get_meta(analysis_id)
+        return meta
+
+
+class RedisStore(Store):
+    """Redis keys `fs:meta:<id>` (JSON), `fs:summary:<id>` (JSON), `fs:pooled:<id>` (hash of bytes)."""
+
+    def __init__(self, redis: Any, ttl_s: int, prefix: str = "fs") -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self.prefix = prefix
+
+    def _key(self, kind: str, analysis_id: str) -> str:
+        return f"{self.prefix}:{kind}:{analysis_id}"
+
+    def ping(self) -> None:
+        self.redis.ping()
+
+    def get_meta(self, analysis_id: str) -> dict | None:
+        raw = self.redis.get(self._key("meta", analysis_id))
+        return json.loads(raw) if raw else None
+
+    def claim(self, analysis_id: str, meta: dict) -> bool:
+        key = self._key("meta", analysis_id)
+        if self.redis.set(key, json.dumps(meta), nx=True, ex=self.ttl_s):
+            return True
+        existing = self.get_meta(analysis_id)
+        if existing is None or existing["status"] != "failed":
+            return False
+        # A failed analysis is retried by whoever wins this short lock.
+        if not self.redis.set(self._key("retry", analysis_id), "1", nx=True, ex=5):
+            return False
+        self.redis.set(key, json.dumps(meta), ex=self.ttl_s)
+        return True
+
+    def update_meta(self, analysis_id: str, **fields: Any) -> None:
+        key = self._key("meta", analysis_id)
+        meta = self.get_meta(analysis_id) or {}
+        meta.update(fields, updated=time.time())
+        self.redis.set(key, json.dumps(meta), ex=self.ttl_s)
+
+    def save_result(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
+        pooled_key = self._key("pooled", analysis_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(self._key("summary", analysis_id), json.dumps(summary), ex=self.ttl_s)
+        pipe.delete(pooled_key)
+        pipe.hset(pooled_key, mapping={"__header__": json.dumps(header), **blobs})
+        pipe.expire(pooled_key, self.ttl_s)
+        pipe.execute()
+        self.update_meta(analysis_id, status="done", stage="done", progress=1.0, error=None)
+
+    def get_summary(self, analysis_id: str) -> dict | None:
+        raw = self.redis.get(self._key("summary", analysis_id))
+        return json.loads(raw) if raw else None
+
+    def get_pooled_header(self, analysis_id: str) -> dict | None:
+        raw = self.redis.hget(self._key("pooled", analysis_id), "__header__")
+        return json.loads(raw) if raw else None
+
+    def get_pooled_blob(self, analysis_id: str, stat: str, tensor: str) -> bytes | None:
+        return self.redis.hget(self._key("pooled", analysis_id), f"{stat}/{tensor}")
+
+    def touch_lease(self, analysis_id: str) -> None:
+        self.redis.set(self._key("lease", analysis_id), "1", px=int(LEASE_TTL_S * 1000))
+
+    def lease_alive(self, analysis_id: str) -> bool:
+        return bool(self.redis.exists(self._key("lease", analysis_id)))
+
+    def count(self, counter: str) -> int:
+        return int(self.redis.incr(f"{self.prefix}:count:{counter}"))
+
+    def read_counter(self, counter: str) -> int:
+        return int(self.redis.get(f"{self.prefix}:count:{counter}") or 0)
+
+
+class LocalStore(Store):
+    """In-process store for embedded mode; finished analyses persist to `folder/<id>/`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._lock = threading.RLock()
+        self._meta: dict[str, dict] = {}
+        self._leases: dict[str, float] = {}
+        self._counters: dict[str, int] = {}
+
+    def ping(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, analysis_id: str) -> Path:
+        if not analysis_id.isalnum():  # ids are sha256 hex; anything else never names a folder
+            raise KeyError(analysis_id)
+        return self.folder / analysis_id
+
+    def get_meta(self, analysis_id: str) -> dict | None:
+        with self._lock:
+            if analysis_id in self._meta:
+                return dict(self._meta[analysis_id])
+        try:
+            path = self._dir(analysis_id) / "meta.json"
+        except KeyError:
+            return None
+        if not path.is_file():
+            return None
+        meta = json.loads(path.read_text())
+        with self._lock:
+            self._meta.setdefault(analysis_id, meta)
+        return dict(meta)
+
+    def claim(self, analysis_id: str, meta: dict) -> bool:
+        with self._lock:
+            existing = self.get_meta(analysis_id)
+            if existing is not None and existing["status"] != "failed":
+                return False
+            self._meta[analysis_id] = dict(meta)
+            return True
+
+    def update_meta(self, analysis_id: str, **fields: Any) -> None:
+        with self._lock:
+            meta = self._meta.setdefault(analysis_id, {})
+            meta.update(fields, updated=time.time())
+
+    def save_result(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
+        target = self._dir(analysis_id)
+        staging = target.with_name(target.name + f".tmp{os.getpid()}-{threading.get_ident()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "pooled").mkdir(parents=True)
+        (staging / "summary.json").write_text(json.dumps(summary))
+        (staging / "pooled.json").write_text(json.dumps(header))
+        names = {}
+        for index, (name, blob) in enumerate(blobs.items()):
+            (staging / "pooled" / f"{index}.f32").write_bytes(blob)
+            names[name] = f"{index}.f32"
+        (staging / "pooled" / "index.json").write_text(json.dumps(names))
+        with self._lock:
+            self.update_meta(analysis_id, status="done", stage="done", progress=1.0, error=None)
+            (staging / "meta.json").write_text(json.dumps(self._meta[analysis_id]))
+            shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+
+    def _read_json(self, analysis_id: str, name: str) -> Any:
+        try:
+            path = self._dir(analysis_id) / name
+        except KeyError:
+            return None
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def get_summary(self, analysis_id: str) -> dict | None:
+        return self._read_json(analysis_id, "summary.json")
+
+    def get_pooled_header(self, analysis_id: str) -> dict | None:
+        return self._read_json(analysis_id, "pooled.json")
+
+    def get_pooled_blob(self, analysis_id: str, stat: str, tensor: str) -> bytes | None:
+        names = self._read_json(analysis_id, "pooled/index.json") or {}
+        name = names.get(f"{stat}/{tensor}")
+        return (self._dir(analysis_id) / "pooled" / name).read_bytes() if name else None
+
+    def touch_lease(self, analysis_id: str) -> None:
+        with self._lock:
+            self._leases[analysis_id] = time.monotonic()
+
+    def lease_alive(self, analysis_id: str) -> bool:
+        with self._lock:
+            touched = self._leases.get(analysis_id)
+        return touched is not None and time.monotonic() - touched < LEASE_TTL_S
+
+    def count(self, counter: str) -> int:
+        with self._lock:
+            self._counters[counter] = self._counters.get(counter, 0) + 1
+            return self._counters[counter]
+
+    def read_counter(self, counter: str) -> int:
+        with self._lock:
+            return self._counters.get(counter, 0)

@@ -1,0 +1,169 @@
+"""API speed on loopback: cache-hit GET and repeat POST medians, then 50 concurrent clients for 10 s.
+
+Starts its own API (uvicorn) and worker against Redis db 14 unless --url points at a running API.
+Usage: .venv/bin/python benchmarks/bench_api.py [--model tiny-random] [--clients 50] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIXES = ["She drank a cup of", "The cat sat on the", "Once upon a time", "I like to read", "The sky is"]
+
+
+@contextmanager
+def local_service(port: int, redis_url: str):
+    redis.Redis.from_url(redis_url).flushdb()
+    env = {**os.environ, "REDIS_URL": redis_url, "FISHERSCOPE_QUEUE_NAME": "fisherscope-bench"}
+    api = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "backend.main:app", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+        env=env,
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workers.worker"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for process in (api, worker):
+            process.send_signal(signal.SIGTERM)
+        for process in (api, worker):
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        redis.Redis.from_url(redis_url).flushdb()
+
+
+def wait_ready(client: httpx.Client, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if client.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("the API did not become ready")
+        time.sleep(0.2)
+
+
+def prepare(client: httpx.Client, model: str) -> list[tuple[dict, str]]:
+    """Submit one analysis per prefix and wait until all are cached."""
+    cached = []
+    for prefix in PREFIXES:
+        body = {"model": model, "prefix": prefix}
+        answer = client.post("/api/v1/analyses", json=body)
+        answer.raise_for_status()
+        cached.append((body, answer.json()["id"]))
+    for _, analysis_id in cached:
+        deadline = time.monotonic() + 600
+        while (status := client.get(f"/api/v1/analyses/{analysis_id}").json()["status"]) != "done":
+            if status == "failed" or time.monotonic() > deadline:
+                raise SystemExit(f"analysis {analysis_id} {status}")
+            time.sleep(0.2)
+    return cached
+
+
+def median_ms(call, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        response = call()
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, response.text
+    return statistics.median(times)
+
+
+async def load(base_url: str, cached: list[tuple[dict, str]], clients: int, seconds: float) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.monotonic() + seconds
+
+    async def one_client(index: int) -> None:
+        nonlocal errors
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+            n = index
+            while time.monotonic() < stop_at:
+                body, analysis_id = cached[n % len(cached)]
+                n += 1
+                started = time.perf_counter()
+                try:
+                    if n % 2:
+                        response = await client.get(f"/api/v1/analyses/{analysis_id}")
+                    else:
+                        response = await client.post("/api/v1/analyses", json=body)
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append((time.perf_counter() - started) * 1000)
+                errors += not ok
+
+    await asyncio.gather(*(one_client(i) for i in range(clients)))
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "rps": len(latencies) / seconds,
+        "p50_ms": latencies[len(latencies) // 2],
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+    }
+
+
+def run(base_url: str, args: argparse.Namespace) -> None:
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        wait_ready(client)
+        cached = prepare(client, args.model)
+        body, analysis_id = cached[0]
+        get_ms = median_ms(lambda: client.get(f"/api/v1/analyses/{analysis_id}"), args.repeats)
+        post_ms = median_ms(lambda: client.post("/api/v1/analyses", json=body), args.repeats)
+        size_kb = len(client.get(f"/api/v1/analyses/{analysis_id}").content) / 1024
+    print(f"model {args.model}, summary {size_kb:.0f} KiB per answer")
+    print(
+        f"cache-hit GET median: {get_ms:.1f} ms; repeat POST median: {post_ms:.1f} ms ({args.repeats} each)"
+    )
+    figures = asyncio.run(load(base_url, cached, args.clients, args.seconds))
+    print(
+        f"{args.clients} concurrent clients for {args.seconds:g} s (GET and POST on cached analyses): "
+        f"{figures['requests']} requests, {figures['errors']} errors, {figures['rps']:.0f} req/s, "
+        f"p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="benchmark a running API instead of starting one")
+    parser.add_argument("--model", default="tiny-random")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    args = parser.parse_args()
+    if args.url:
+        run(args.url, args)
+        return
+    with local_service(args.port, args.redis_url) as base_url:
+        run(base_url, args)
+
+
+if __name__ == "__main__":
+    main()

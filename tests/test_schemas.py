@@ -1,0 +1,177 @@
+"""Schemas, method parsing, the cache key, normalization and cost estimates (no Redis, no torch)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backend.cost import context_lengths, estimate_cost
+from backend.normalize import RequestError, check_model_id, normalize
+from backend.schemas import STATS, AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec, parse_method
+from backend.settings import RequestLimits
+from backend.tokens import TokenCodec, TokenError
+from workers.models import catalog
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[catalog.ModelInfo, TokenCodec]:
+    if not catalog.is_available("tiny-random"):
+        from workers.models.fetch import fetch_model
+
+        fetch_model("tiny-random", progress=False)
+    return catalog.model_info("tiny-random"), TokenCodec.from_file(catalog.tokenizer_path("tiny-random"))
+
+
+def make(tiny, limits: RequestLimits | None = None, **fields) -> AnalysisJob:
+    info, codec = tiny
+    return normalize(AnalysisCreate(model="tiny-random", **fields), codec, info, limits or RequestLimits())
+
+
+def test_stats_are_the_contract_order() -> None:
+    assert STATS == ("fisher", "uncentered", "raw", "mean_shift", "common", "rho", "policy_grad", "bound")
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("exact", ("exact", None, None)),
+        ("truncated:0.5", ("truncated", 0.5, None)),
+        ("truncated:1", ("truncated", 1.0, None)),
+        ("mc:2", ("mc", None, 2)),
+        ("mc:64", ("mc", None, 64)),
+    ],
+)
+def test_parse_method_accepts_the_three_forms(text: str, parsed: tuple) -> None:
+    assert parse_method(text) == parsed
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "exactly",
+        "exact:1",
+        "truncated",
+        "truncated:0",
+        "truncated:1.5",
+        "truncated:x",
+        "mc:1",
+        "mc:2.5",
+        "mc",
+        "svd:3",
+    ],
+)
+def test_parse_method_refuses_with_the_accepted_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="method must be 'exact'"):
+        parse_method(text)
+
+
+def test_key_is_sha256_of_sorted_compact_json() -> None:
+    job = AnalysisJob(model="m", weights_digest="sha256:0", input_ids=[1, 2], reward={"7": 1.0})
+    import hashlib
+
+    canonical = json.dumps(job.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    assert job.key() == hashlib.sha256(canonical.encode()).hexdigest()
+    assert AnalysisJob.model_validate_json(job.model_dump_json()).key() == job.key()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model": "n"},
+        {"weights_digest": "sha256:1"},
+        {"input_ids": [1, 3]},
+        {"continuation_ids": [4]},
+        {"sampler": JobSampler(temperature=0.5)},
+        {"reward": {"7": 2.0}},
+        {"method": "mc:8"},
+        {"engine_version": "2"},
+    ],
+)
+def test_key_changes_with_every_field(change: dict) -> None:
+    job = AnalysisJob(model="m", weights_digest="sha256:0", input_ids=[1, 2], reward={"7": 1.0})
+    assert job.model_copy(update=change).key() != job.key()
+
+
+def test_normalize_tokenizes_and_sorts_reward_ids(tiny) -> None:
+    info, codec = tiny
+    job = make(tiny, prefix="She drank a cup of", reward={" tea": 1.0, "#5": -1.0}, method="truncated:.5")
+    assert job.input_ids == codec.encode_prefix("She drank a cup of")
+    assert job.weights_digest == info.digest
+    tea = codec.single_token_id(" tea")
+    assert list(job.reward) == sorted([str(tea), "5"], key=int)
+    assert job.reward[str(tea)] == 1.0 and job.reward["5"] == -1.0
+    assert job.method == "truncated:0.5"
+
+
+def test_equivalent_requests_share_a_key(tiny) -> None:
+    tea = tiny[1].single_token_id(" tea")
+    a = make(tiny, prefix="a cup of", reward={" tea": 1}, sampler=SamplerSpec(kind="uniform", temperature=3))
+    b = make(tiny, prefix="a cup of", reward={f"#{tea}": 1.0}, sampler=SamplerSpec(kind="uniform"))
+    assert a.key() == b.key()
+
+
+def test_data_sampler_one_hot_rules(tiny) -> None:
+    tea = tiny[1].single_token_id(" tea")
+    job = make(tiny, prefix="a cup of", sampler=SamplerSpec(kind="data", data_token=" tea"))
+    assert job.sampler.data_token_id == tea
+    job = make(tiny, prefix="a cup of", continuation=" tea", sampler=SamplerSpec(kind="data"))
+    assert job.sampler.data_token_id is None and job.continuation_ids == [tea]
+    with pytest.raises(RequestError, match="one-hot on"):
+        make(tiny, prefix="a cup of", sampler=SamplerSpec(kind="data"))
+    with pytest.raises(RequestError, match="remove sampler.data_token"):
+        make(tiny, prefix="a", continuation=" tea", sampler=SamplerSpec(kind="data", data_token=" tea"))
+    with pytest.raises(RequestError, match="only used with sampler.kind 'data'"):
+        make(tiny, prefix="a", sampler=SamplerSpec(data_token=" tea"))
+
+
+def test_token_limits(tiny) -> None:
+    limits = RequestLimits(max_prefix_tokens=4, max_continuation_tokens=2)
+    with pytest.raises(RequestError, match="over the limit of 4"):
+        make(tiny, limits, prefix="She drank a cup of tea")
+    with pytest.raises(RequestError, match="over the limit of 2"):
+        make(tiny, limits, prefix="a", continuation=" a cup of")
+
+
+def test_single_token_errors(tiny) -> None:
+    codec = tiny[1]
+    with pytest.raises(TokenError, match="not exactly one"):
+        codec.single_token_id("zzzzqq")
+    with pytest.raises(TokenError, match="outside the vocabulary"):
+        codec.single_token_id(f"#{codec.vocab_size}")
+    with pytest.raises(TokenError, match="must not be empty"):
+        codec.single_token_id("")
+    assert codec.token_text(codec.single_token_id(" tea")) == " tea"
+
+
+@pytest.mark.parametrize("model", ["../tiny-random", "/etc/passwd", "tiny-random/../x", "HF/model", "gpt2"])
+def test_model_ids_are_an_allow_list(model: str) -> None:
+    with pytest.raises(RequestError, match="allowed ids"):
+        check_model_id(model, ["tiny-random"])
+
+
+def test_cost_exact_matches_design_figure() -> None:
+    """DESIGN §3: about 0.78 TFLOP for SmolLM2-135M on a 5-token prefix."""
+    info = type("Info", (), {"n_params": 134_515_008, "d_model": 576})()
+    job = AnalysisJob(model="smollm2-135m", weights_digest="d", input_ids=[1, 2, 3, 4, 5])
+    cost = estimate_cost(info, job, flops_per_second=1e12)
+    assert cost.directions == 576 and not cost.upper_bound
+    assert cost.flops == pytest.approx(2 * 577 * 134_515_008 * 5)
+    assert 0.7e12 < cost.flops < 0.8e12 and cost.seconds == pytest.approx(cost.flops / 1e12)
+
+
+def test_cost_scales_with_sampler_and_method() -> None:
+    info = type("Info", (), {"n_params": 1000, "d_model": 64})()
+    base = AnalysisJob(model="m", weights_digest="d", input_ids=[1, 2, 3])
+    exact = estimate_cost(info, base)
+    off = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(temperature=0.7)}))
+    assert off.directions == 2 * exact.directions
+    top_k = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(top_k=5)}))
+    assert top_k.directions == 4 + 64
+    truncated = estimate_cost(info, base.model_copy(update={"method": "truncated:0.25"}))
+    assert truncated.directions == 16 and truncated.upper_bound
+    assert estimate_cost(info, base.model_copy(update={"method": "mc:8"})).directions == 8
+    response = base.model_copy(update={"continuation_ids": [7, 8, 9]})
+    assert context_lengths(response) == [3, 4, 5]
+    assert estimate_cost(info, response).flops == pytest.approx(exact.flops * 12 / 3)

@@ -1,0 +1,162 @@
+"""Along a response: position t predicts y_t from s_t = x + y_<t; the moments add up over positions.
+
+Each position is analysed on its own context (the exact cost therefore grows with the square of the
+response length), folded into running sums, and dropped, so memory stays at one position's moments
+plus the sums. The per-position scalars every summary needs are kept as they go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from workers.fisher.capture import capture_forward
+from workers.fisher.methods import Method
+from workers.fisher.position import HeadLayout, PositionInputs, PositionMoments, position_moments
+from workers.fisher.sampler import SamplerConfig, model_distribution, sampler_distribution
+from workers.fisher.stats import MomentSums
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass
+class PositionRecord:
+    """What the summaries keep of one position after its moments are folded in."""
+
+    context_length: int
+    target_id: int | None
+    p: torch.Tensor  # [V] float64
+    mu: torch.Tensor  # [V] float64
+    h: torch.Tensor  # [d]
+    moments_totals: dict[str, float]
+    cov_eigenvalues: torch.Tensor
+    uncentered_eigenvalues: torch.Tensor
+    numerical_rank: int
+    effective_rank: float
+    participation_ratio: float
+    support: int
+    kept_share: float
+    missing_estimate: float
+    directions: int
+    reward_mean: float | None
+    reward_std: float | None
+
+
+@dataclass
+class SequenceAnalysis:
+    sums: MomentSums
+    positions: list[PositionRecord] = field(default_factory=list)
+    accumulated_shift_sq: list[float] = field(default_factory=list)  # sum_i (sum_{t<=T'} m_i)^2
+    sft_gradient: dict[str, torch.Tensor] | None = None  # d log pi(y|x)/dtheta (data sampler)
+
+
+@torch.no_grad()
+def next_token_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """[t, V] logits at every position, as the model computes them, widened to float64."""
+    return model(input_ids=ids[None], use_cache=False).logits[0].double()  # exact for float32 too
+
+
+def _position_totals(m: PositionMoments, on_policy: bool) -> dict[str, float]:
+    fisher = sum(float(v.sum()) for v in m.fisher.values())
+    common_sq = sum(float(v.square().sum()) for v in m.kbar_p.values())
+    if on_policy:
+        shift_sq, raw = 0.0, fisher + common_sq
+    else:
+        shift_sq = sum(float((m.kbar_mu[n] - m.kbar_p[n]).square().sum()) for n in m.kbar_mu)
+        raw = fisher + sum(float(v.square().sum()) for v in m.kbar_mu.values())
+    totals = {"fisher": fisher, "uncentered": fisher + shift_sq, "raw": raw, "mean_shift_sq": shift_sq,
+              "common_sq": common_sq}
+    if m.policy_grad is not None and m.reward_std is not None:
+        totals["policy_grad_sq"] = sum(float(v.square().sum()) for v in m.policy_grad.values())
+        totals["bound"] = m.reward_std * sum(float(v.clamp_min(0).sqrt().sum()) for v in m.fisher.values())
+    return totals
+
+
+def analyze_sequence(
+    model: nn.Module,
+    prefix_ids: torch.Tensor,
+    continuation_ids: torch.Tensor,
+    sampler: SamplerConfig,
+    method: Method,
+    reward: torch.Tensor | None = None,
+    engine_model: nn.Module | None = None,
+    memory_budget_bytes: int = 1 << 30,
+    progress: Progress | None = None,
+) -> SequenceAnalysis:
+    """Analyse the prefix's next token, or every response position when a continuation is given."""
+    layout = HeadLayout.of(model)
+    full = torch.cat([prefix_ids, continuation_ids])
+    n_positions = max(1, continuation_ids.numel())
+    first = prefix_ids.numel() - 1  # index in ``full`` of the first analysed hidden state
+    report = progress or (lambda stage, fraction: None)
+    report("forward", 0.0)
+    context = full[: first + n_positions]
+    logits = next_token_logits(model, context)
+    engine_logits = next_token_logits(engine_model, context) if engine_model is not None else None
+    sums = MomentSums(layout.names, layout.shapes)
+    result = SequenceAnalysis(sums)
+    for t in range(n_positions):
+        index = first + t
+        target = int(continuation_ids[t]) if continuation_ids.numel() else None
+        p = model_distribution(logits[index])
+        mu = sampler_distribution(
+            sampler, logits[index], None if engine_logits is None else engine_logits[index], target
+        )
+        inputs = PositionInputs(full[: index + 1], p, mu, reward, sampler.is_on_policy)
+        capture = capture_forward(model, inputs.context_ids)
+
+        def chunk_progress(fraction: float, t: int = t) -> None:
+            report("directions", (t + fraction) / n_positions)
+
+        moments = position_moments(model, inputs, method, capture, memory_budget_bytes, chunk_progress)
+        del capture
+        result.positions.append(_record(inputs, moments, target))
+        sums.add(moments)
+        if not sampler.is_on_policy:
+            result.accumulated_shift_sq.append(
+                sum(float(v.square().sum()) for v in sums.sums.get("mean_shift", {}).values())
+            )
+        del moments
+    if sampler.kind == "data" and continuation_ids.numel():
+        result.sft_gradient = log_likelihood_gradient(model, prefix_ids, continuation_ids)
+    return result
+
+
+def _record(inputs: PositionInputs, m: PositionMoments, target: int | None) -> PositionRecord:
+    cov = m.cov_mu
+    return PositionRecord(
+        context_length=int(inputs.context_ids.numel()),
+        target_id=target,
+        p=inputs.p,
+        mu=inputs.mu,
+        h=m.hidden.to(torch.float64),
+        moments_totals=_position_totals(m, inputs.on_policy),
+        cov_eigenvalues=cov.eigenvalues,
+        uncentered_eigenvalues=cov.uncentered_eigenvalues(),
+        numerical_rank=cov.numerical_rank(),
+        effective_rank=cov.effective_rank(),
+        participation_ratio=cov.participation_ratio(),
+        support=cov.support,
+        kept_share=m.plan_mu.kept_share,
+        missing_estimate=m.plan_mu.missing_estimate,
+        directions=int(m.plan_mu.vectors.shape[0]),
+        reward_mean=m.reward_mean,
+        reward_std=m.reward_std,
+    )
+
+
+def log_likelihood_gradient(model: nn.Module, prefix_ids: torch.Tensor, continuation_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """d log pi(y | x) / dtheta by one ordinary backward pass (the SFT gradient)."""
+    full = torch.cat([prefix_ids, continuation_ids])
+    names = [n for n, _ in model.named_parameters()]
+    params = [p for _, p in model.named_parameters()]
+    with torch.enable_grad():
+        logits = model(input_ids=full[None, :-1], use_cache=False).logits[0]  # [L-1, V]
+        start = prefix_ids.numel() - 1
+        logp = torch.log_softmax(logits[start:].to(torch.float64), dim=-1)
+        total = logp.gather(1, continuation_ids[:, None]).sum()
+        grads = torch.autograd.grad(total, params, allow_unused=True)
+    return {n: (torch.zeros_like(p) if g is None else g.detach()) for n, p, g in zip(names, params, grads, strict=True)}

@@ -1,0 +1,303 @@
+"""Summaries of an analysis: everything the dashboard draws, as plain JSON-able values.
+
+Per position: p and mu, the C_mu spectrum, the output layer's closed form. Over the model: totals per
+tensor / layer / module kind, concentration curves, top coordinates, the top-q overlap of Fisher and
+policy gradient. Token texts come from a ``decode`` callable so this module stays free of tokenizers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+
+import torch
+
+from workers.fisher.concentration import NAMED_FRACTIONS, concentration_curve, histogram, thresholds
+from workers.fisher.response import PositionRecord, SequenceAnalysis
+from workers.fisher.sampler import entropy
+from workers.fisher.stats import MomentSums
+
+Decode = Callable[[int], str]
+TOP_TOKENS = 20
+TOP_COORDINATES = 50
+KIND_PATTERNS = (
+    ("q", r"q_proj"), ("k", r"k_proj"), ("v", r"v_proj"), ("o", r"o_proj"),
+    ("gate", r"gate_proj"), ("up", r"up_proj"), ("down", r"down_proj"), ("norm", r"norm"),
+)
+
+
+def module_kind(name: str, head_name: str, embedding_name: str) -> str:
+    if name == head_name:
+        return "head"
+    if name == embedding_name:
+        return "embedding"
+    for kind, pattern in KIND_PATTERNS:
+        if re.search(pattern, name):
+            return kind
+    return "other"
+
+
+def layer_of(name: str, embedding_name: str) -> int | str:
+    match = re.search(r"layers\.(\d+)\.", name)
+    if match:
+        return int(match.group(1))
+    return "embed" if name == embedding_name else "final"
+
+
+def _token(decode: Decode, token_id: int) -> dict:
+    return {"id": int(token_id), "text": decode(int(token_id))}
+
+
+def distribution_summary(q: torch.Tensor) -> dict:
+    return {"entropy": entropy(q), "support": int((q > 0).sum()), "sum_sq": float(q.square().sum())}
+
+
+def position_summary(record: PositionRecord, index: int, decode: Decode, reward: torch.Tensor | None) -> dict:
+    p, mu = record.p, record.mu
+    top = torch.topk(torch.maximum(p, mu), min(TOP_TOKENS, p.numel())).indices.tolist()
+    h_sq = float(record.h.square().sum())
+    row_fisher = h_sq * mu * (1 - mu)
+    total = h_sq * (1 - float(mu.square().sum()))
+    top_rows = torch.topk(row_fisher, min(TOP_TOKENS, p.numel())).indices.tolist()
+    order = torch.argsort(mu, descending=True)
+    bounds = []
+    for m in (1, 2, 5, 10, 20):
+        inside = order[:m]
+        kept = float(row_fisher[inside].sum())
+        outside_mass = float(mu.sum() - mu[inside].sum())
+        denom = 1 - float(mu.square().sum())
+        bounds.append({
+            "top_tokens": m,
+            "share_outside": (1 - kept / (h_sq * denom)) if denom > 0 and h_sq > 0 else 0.0,
+            "bound": outside_mass / denom if denom > 0 else 0.0,
+        })
+    target = None
+    chi2 = None
+    if record.target_id is not None:
+        py = float(p[record.target_id])
+        target = {**_token(decode, record.target_id), "p": py, "mu": float(mu[record.target_id])}
+        chi2 = 1 / py - 1 if py > 0 else math.inf
+    lam = record.cov_eigenvalues.clamp_min(0)
+    return {
+        "index": index,
+        "context_length": record.context_length,
+        "target": target,
+        "p": {
+            "top": [
+                {**_token(decode, a), "p": float(p[a]), "mu": float(mu[a]),
+                 "reward": float(reward[a]) if reward is not None else 0.0}
+                for a in top
+            ],
+            **distribution_summary(p),
+        },
+        "mu": distribution_summary(mu),
+        "spectrum": {
+            "eigenvalues": lam.tolist(),
+            "trace": float(lam.sum()),
+            "numerical_rank": record.numerical_rank,
+            "effective_rank": record.effective_rank,
+            "participation_ratio": record.participation_ratio,
+            "rank_bound": max(record.support - 1, 0),
+            "uncentered_eigenvalues": record.uncentered_eigenvalues.clamp_min(0).tolist(),
+        },
+        "output_layer": {
+            "h_norm_sq": h_sq,
+            "total": total,
+            "rows": [
+                {**_token(decode, c), "mu": float(mu[c]), "fisher": float(row_fisher[c]),
+                 "share": float(row_fisher[c]) / total if total > 0 else 0.0}
+                for c in top_rows
+            ],
+            "concentration_bound": bounds,
+        },
+        "totals": record.moments_totals,
+        "reward": None if record.reward_mean is None else {"mean": record.reward_mean, "std": record.reward_std},
+        "chi2": chi2,
+        "directions": record.directions,
+        "kept_share": record.kept_share,
+    }
+
+
+TOTAL_KEYS = ("fisher", "uncentered", "raw", "mean_shift_sq", "common_sq", "policy_grad_sq", "bound", "rho_mean")
+
+
+def tensor_totals(sums: MomentSums, name: str) -> dict[str, float]:
+    totals = {
+        "fisher": float(sums.stat("fisher", name).sum()),
+        "uncentered": float(sums.stat("uncentered", name).sum()),
+        "raw": float(sums.stat("raw", name).sum()),
+        "mean_shift_sq": float(sums.stat("mean_shift", name).square().sum()),
+        "common_sq": float(sums.stat("common", name).square().sum()),
+        "rho_mean": float(sums.stat("rho", name).mean()),
+    }
+    if sums.has_reward:
+        totals["policy_grad_sq"] = float(sums.stat("policy_grad", name).square().sum())
+        totals["bound"] = float(sums.stat("bound", name).sum())
+    return totals
+
+
+def _add_totals(into: dict[str, float], totals: dict[str, float], numel: int) -> None:
+    for key, value in totals.items():
+        # rho is a mean: carry it weighted by size, normalized by the caller
+        into[key] = into.get(key, 0.0) + (value * numel if key == "rho_mean" else value)
+
+
+def _normalize_rho(totals: dict[str, float], numel: int) -> dict[str, float]:
+    if "rho_mean" in totals and numel:
+        totals["rho_mean"] /= numel
+    return totals
+
+
+def _magnitude(sums: MomentSums, stat: str) -> Callable[[], Iterator[torch.Tensor]]:
+    def chunks() -> Iterator[torch.Tensor]:
+        for _, value in sums.iter_stat(stat):
+            yield value.abs() if stat == "policy_grad" else value
+    return chunks
+
+
+def model_summary(sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...]) -> dict:
+    """Totals per tensor / layer / kind, concentration, top coordinates, top-q overlap."""
+    tensors, layers, kinds = [], {}, {}
+    model_totals: dict[str, float] = {}
+    fisher_hists = []
+    for name in sums.names:
+        totals = tensor_totals(sums, name)
+        numel = math.prod(sums.shapes[name])
+        fisher = sums.stat("fisher", name)
+        hist = histogram([fisher])
+        fisher_hists.append(hist)
+        shares = thresholds(hist, lambda f=fisher: iter([f]), NAMED_FRACTIONS)
+        kind = module_kind(name, head_name, embedding_name)
+        layer = layer_of(name, embedding_name)
+        tensors.append({
+            "name": name, "layer": layer, "kind": kind, "shape": list(sums.shapes[name]), "numel": numel,
+            "totals": totals,
+            "concentration": {"fisher": {
+                f"{q:g}": (s.top_sum / hist.total if hist.total > 0 else 0.0)
+                for q, s in zip(NAMED_FRACTIONS, shares, strict=True)
+            }},
+        })
+        for table, key in ((layers, layer), (kinds, kind)):
+            entry = table.setdefault(key, {"numel": 0, "totals": {}})
+            entry["numel"] += numel
+            _add_totals(entry["totals"], totals, numel)
+        _add_totals(model_totals, totals, numel)
+    n_total = sum(t["numel"] for t in tensors)
+    concentration = {}
+    for stat in curve_stats:
+        chunks = _magnitude(sums, stat)
+        hist = histogram(chunks())
+        qs, curve = concentration_curve(hist)
+        named = thresholds(hist, chunks, NAMED_FRACTIONS)
+        concentration[stat] = {
+            "q": qs, "share": curve,
+            "at": {f"{q:g}": (t.top_sum / hist.total if hist.total > 0 else 0.0)
+                   for q, t in zip(NAMED_FRACTIONS, named, strict=True)},
+            "thresholds": {f"{q:g}": t.value for q, t in zip(NAMED_FRACTIONS, named, strict=True)},
+        }
+    return {
+        "totals": _normalize_rho(model_totals, n_total),
+        "tensors": tensors,
+        "layers": [{"layer": k, "numel": v["numel"], "totals": _normalize_rho(v["totals"], v["numel"])}
+                   for k, v in layers.items()],
+        "kinds": [{"kind": k, "numel": v["numel"], "totals": _normalize_rho(v["totals"], v["numel"])}
+                  for k, v in kinds.items()],
+        "concentration": concentration,
+        "top_coordinates": top_coordinates(sums),
+        "overlap": overlap(sums, concentration) if sums.has_reward else None,
+    }
+
+
+def top_coordinates(sums: MomentSums, k: int = TOP_COORDINATES) -> dict[str, list[dict]]:
+    stats = ["fisher", "uncentered", "raw", "mean_shift"] + (["policy_grad"] if sums.has_reward else [])
+    out = {}
+    for stat in stats:
+        candidates = []
+        for name, value in sums.iter_stat(stat):
+            flat = value.reshape(-1)
+            magnitude = flat.abs() if stat in ("policy_grad", "mean_shift") else flat
+            top = torch.topk(magnitude, min(k, flat.numel()))
+            for idx in top.indices.tolist():
+                candidates.append((float(magnitude[idx]), name, idx, float(flat[idx])))
+        candidates.sort(key=lambda c: -c[0])
+        out[stat] = [
+            {"tensor": name, "index": list(_unravel(idx, sums.shapes[name])), "value": value}
+            for _, name, idx, value in candidates[:k]
+        ]
+    return out
+
+
+def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for size in reversed(shape):
+        out.append(index % size)
+        index //= size
+    return tuple(reversed(out))
+
+
+def overlap(sums: MomentSums, concentration: dict) -> dict:
+    """|top-q by fisher ∩ top-q by |policy_grad|| / |top-q|, against the random baseline q."""
+    fisher_hist = histogram(_magnitude(sums, "fisher")())
+    grad_chunks = _magnitude(sums, "policy_grad")
+    grad_hist = histogram(grad_chunks())
+    f_th = thresholds(fisher_hist, _magnitude(sums, "fisher"), NAMED_FRACTIONS)
+    g_th = thresholds(grad_hist, grad_chunks, NAMED_FRACTIONS)
+    values = []
+    for ft, gt in zip(f_th, g_th, strict=True):
+        both = 0
+        for name in sums.names:
+            f = sums.stat("fisher", name)
+            g = sums.stat("policy_grad", name).abs()
+            both += int(((f >= ft.value) & (f > 0) & (g >= gt.value) & (g > 0)).sum())
+        values.append(both / ft.k)
+    return {"q": list(NAMED_FRACTIONS), "fisher_vs_policy_grad": values, "baseline": list(NAMED_FRACTIONS)}
+
+
+def response_summary(analysis: SequenceAnalysis, decode: Decode) -> dict | None:
+    records = analysis.positions
+    if not records or records[0].target_id is None:
+        return None
+    p_target = [float(r.p[r.target_id]) for r in records]  # type: ignore[index]
+    chi2 = [1 / p - 1 if p > 0 else math.inf for p in p_target]
+    fisher = [r.moments_totals["fisher"] for r in records]
+    shift_sq = [r.moments_totals["mean_shift_sq"] for r in records]
+    cumulative_log = []
+    running = 0.0
+    for c in chi2:
+        running += math.log1p(c) if math.isfinite(c) else math.inf
+        cumulative_log.append(running)
+    out = {
+        "T": len(records),
+        "targets": [_token(decode, r.target_id) for r in records],  # type: ignore[arg-type]
+        "p_target": p_target,
+        "chi2": chi2,
+        "log_one_plus_chi2_cum": cumulative_log,
+        "fisher_total": fisher,
+        "fisher_running": _running(fisher),
+        "uncentered_total": [r.moments_totals["uncentered"] for r in records],
+        "mean_shift_sq_total": shift_sq,
+        "shift_growth": {
+            "accumulated_shift_sq": analysis.accumulated_shift_sq or [0.0] * len(records),
+            "sum_shift_sq": _running(shift_sq),
+            "sum_variances": _running(fisher),
+        },
+        "sft_identity": None,
+    }
+    if analysis.sft_gradient is not None:
+        worst, scale = 0.0, 0.0
+        for name, grad in analysis.sft_gradient.items():
+            shift = analysis.sums.stat("mean_shift", name)
+            worst = max(worst, float((shift.to(torch.float64) - grad.to(torch.float64)).abs().max()))
+            scale = max(scale, float(grad.abs().max()))
+        out["sft_identity"] = {"max_abs_error": worst, "max_abs_gradient": scale,
+                               "relative_error": worst / scale if scale > 0 else 0.0}
+    return out
+
+
+def _running(values: list[float]) -> list[float]:
+    out, total = [], 0.0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
