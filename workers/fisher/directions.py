@@ -122,7 +122,9 @@ class _SquareAccumulator:
 
     def add(self, index: int, module: CapturedModule, delta: torch.Tensor, weights: torch.Tensor) -> None:
         if index in self.ghost:
-            self.ghost[index] += torch.einsum("b,bto,bso->ots", weights, delta, delta)
+            # M[o] += sum_b w_b delta_b[:, o] delta_b[:, o]^T as one batched matmul over o
+            weighted = delta * weights[:, None, None]
+            self.ghost[index] += torch.bmm(weighted.permute(2, 1, 0), delta.permute(2, 0, 1))
             bias = getattr(module.module, "bias", None)
             if isinstance(bias, torch.Tensor):
                 self._add(f"{module.name}.bias", torch.einsum("b,bo->o", weights, delta.sum(1).square()))
@@ -145,7 +147,8 @@ class _SquareAccumulator:
         for index, m in self.ghost.items():
             module = self.capture.modules[index]
             x = module.feature[: self.length]  # [t, i]
-            self._add(f"{module.name}.weight", torch.einsum("ti,si,ots->oi", x, x, m))
+            pairs = (x[:, None, :] * x[None, :, :]).reshape(-1, x.shape[1])  # [t*s, i]
+            self._add(f"{module.name}.weight", m.reshape(m.shape[0], -1) @ pairs)
         self.ghost.clear()
         return self.sums
 

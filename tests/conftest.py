@@ -1,0 +1,25 @@
+"""Shared fixtures: the real models, loaded once per test session.
+
+The models are fetched into the cache when missing (never skipped): the suite must exercise the real
+SmolLM2 and the deterministic tiny-random model on every machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_random():
+    """The tiny random Llama (vocab 512, d_model 64), built into the cache if missing."""
+    from workers.models.loading import load_model
+
+    return load_model("tiny-random", fetch=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct in float32, fetched and converted into the cache if missing (~30 s)."""
+    from workers.models.loading import load_model
+
+    return load_model("smollm2-135m", fetch=True)

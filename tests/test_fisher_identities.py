@@ -1,0 +1,129 @@
+"""The essays' identities, checked on the engine's own outputs (tiny float64 Llamas)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from tests.tiny_models import tiny_llama
+from workers.fisher.covariance import output_covariance
+from workers.fisher.methods import Method
+from workers.fisher.position import PositionInputs, position_moments
+from workers.fisher.reference import brute_force_logit_sensitivities
+from workers.fisher.sampler import SamplerConfig, warped_distribution
+from workers.fisher.stats import MomentSums
+
+IDS = torch.tensor([3, 5, 8, 3, 11])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(tied=False, vocab=41, seed=3)
+
+
+def _moments(model, mu, on_policy, reward=None):
+    logits = model(input_ids=IDS[None]).logits[0, -1].detach()
+    p = torch.softmax(logits, -1)
+    moments = position_moments(model, PositionInputs(IDS, p, mu(logits) if callable(mu) else mu, reward, on_policy),
+                               Method())
+    sums = MomentSums([n for n, _ in model.named_parameters()], {n: tuple(t.shape) for n, t in model.named_parameters()})
+    sums.add(moments)
+    return logits, p, moments, sums
+
+
+def test_centered_score_has_zero_mean_under_the_sampler(model):
+    logits, kappa = brute_force_logit_sensitivities(model, IDS)
+    mu = warped_distribution(logits, 0.7, 9, 0.95)
+    _, _, moments, _ = _moments(model, mu, False)
+    for name, k in kappa.items():
+        centered = k - moments.kbar_mu[name]  # [V, *shape]
+        mean = torch.tensordot(mu, centered, dims=1)
+        torch.testing.assert_close(mean, torch.zeros_like(mean), rtol=0, atol=1e-12)
+
+
+def test_uncentered_is_fisher_plus_squared_mean_shift(model):
+    _, _, _, sums = _moments(model, lambda z: warped_distribution(z, 1.4, None, 0.8), False)
+    for name in sums.names:
+        torch.testing.assert_close(
+            sums.stat("uncentered", name), sums.stat("fisher", name) + sums.stat("mean_shift", name).square()
+        )
+        torch.testing.assert_close(
+            sums.stat("raw", name),
+            sums.stat("fisher", name) + (sums.stat("mean_shift", name) + sums.stat("common", name)).square(),
+        )
+
+
+def test_mean_shift_is_zero_on_policy(model):
+    _, _, _, sums = _moments(model, lambda z: torch.softmax(z, -1), True)
+    for name in sums.names:
+        assert torch.count_nonzero(sums.stat("mean_shift", name)) == 0
+        torch.testing.assert_close(sums.stat("uncentered", name), sums.stat("fisher", name))
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 9])
+def test_rank_of_c_mu_is_at_most_support_minus_one(model, k):
+    logits = model(input_ids=IDS[None]).logits[0, -1].detach()
+    mu = warped_distribution(logits, 1.0, k, 1.0)
+    cov = output_covariance(model.get_output_embeddings().weight.detach(), mu)
+    assert cov.support == k
+    assert cov.numerical_rank() <= k - 1
+    assert cov.numerical_rank() == min(k - 1, model.config.hidden_size)  # generic rows: the bound is tight
+
+
+def test_policy_gradient_is_capped_by_the_fisher(model):
+    reward = torch.randn(model.config.vocab_size, dtype=torch.float64)
+    _, _, _, sums = _moments(model, lambda z: warped_distribution(z, 0.9, 12, 1.0), False, reward)
+    for name in sums.names:
+        slack = sums.stat("bound", name) - sums.stat("policy_grad", name).abs()
+        assert float(slack.min()) >= -1e-12
+
+
+def test_on_policy_policy_gradient_is_the_gradient_of_expected_reward(model):
+    reward = torch.randn(model.config.vocab_size, dtype=torch.float64)
+    _, _, _, sums = _moments(model, lambda z: torch.softmax(z, -1), True, reward)
+    params = dict(model.named_parameters())
+    logits = model(input_ids=IDS[None]).logits[0, -1]
+    expected_reward = torch.softmax(logits, -1) @ reward
+    grads = torch.autograd.grad(expected_reward, list(params.values()))
+    for (name, _), grad in zip(params.items(), grads, strict=True):
+        torch.testing.assert_close(sums.stat("policy_grad", name), grad, rtol=1e-9, atol=1e-12)
+
+
+def test_output_layer_rows_are_coin_flips(model):
+    logits, p, moments, sums = _moments(model, lambda z: warped_distribution(z, 0.8, None, 0.9), False)
+    mu = warped_distribution(logits, 0.8, None, 0.9)
+    h = moments.hidden
+    head = sums.stat("fisher", "lm_head.weight")
+    torch.testing.assert_close(head, torch.outer(mu * (1 - mu), h * h))
+    total = float(head.sum())
+    assert total == pytest.approx(float(h.square().sum()) * (1 - float(mu.square().sum())), rel=1e-12)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, 0.9), (0.7, 5, 1.0), (1.3, 8, 0.6), (1.0, 3, 0.2)])
+def test_sampler_matches_transformers_warpers(temperature, top_k, top_p):
+    torch.manual_seed(1)
+    logits = torch.randn(50, dtype=torch.float64) * 2
+    scores = logits[None].clone()
+    scores = TemperatureLogitsWarper(temperature)(None, scores)
+    if top_k is not None:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    expected = torch.softmax(scores[0], -1)
+    torch.testing.assert_close(warped_distribution(logits, temperature, top_k, top_p), expected)
+
+
+def test_sampler_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplerConfig(temperature=0)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplerConfig(top_k=0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplerConfig(top_p=1.5)
+    with pytest.raises(ValueError, match="method"):
+        Method.parse("newton")
