@@ -1,0 +1,82 @@
+"""The dashboard's only view of the HTTP API (issue 3): every URL the frontend uses is built here.
+
+Errors come back as `ApiError` with the API's own message (its 4xx `detail`), so the dashboard can show
+what to fix instead of a stack trace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+API_PREFIX = "/api/v1"
+
+
+class ApiError(Exception):
+    """A request the API refused or could not answer; `str()` is a sentence for the person."""
+
+
+def readable_detail(response: httpx.Response) -> str:
+    """The API's error message: FastAPI's `detail` (a string, or a list of pydantic errors)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300] or f"HTTP {response.status_code}"
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, dict):
+                where = ".".join(str(p) for p in item.get("loc", []) if p != "body")
+                parts.append(f"{where}: {item.get('msg', item)}" if where else str(item.get("msg", item)))
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)
+    return str(detail)
+
+
+class ApiClient:
+    """Synchronous client for the fisherscope API at `base_url` (e.g. http://127.0.0.1:8000)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, API_PREFIX + path, **kwargs)
+        except httpx.HTTPError as error:
+            raise ApiError(f"the API at {self.base_url} did not answer ({type(error).__name__})") from error
+        if response.status_code >= 400:
+            raise ApiError(readable_detail(response))
+        return response
+
+    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST an analysis: the finished analysis when cached (200), else {id, status, progress} (202)."""
+        return self.request("POST", "/analyses", json=body).json()
+
+    def analysis(self, analysis_id: str) -> dict[str, Any]:
+        """Status, progress, stage, request and (when done) the summary as `result`."""
+        return self.request("GET", f"/analyses/{quote(analysis_id, safe='')}").json()
+
+    def pooled(
+        self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64
+    ) -> dict[str, Any]:
+        """Block sums of one tensor's statistic: {shape, row_edges, col_edges, values}."""
+        path = f"/analyses/{quote(analysis_id, safe='')}/tensors/{quote(tensor, safe='')}"
+        return self.request("GET", path, params={"stat": stat, "rows": rows, "cols": cols}).json()
+
+    def models(self) -> list[dict[str, Any]]:
+        body = self.request("GET", "/models").json()
+        return body["models"] if isinstance(body, dict) and "models" in body else body
+
+    def tokenize(self, model: str, text: str) -> list[dict[str, Any]]:
+        """How a text splits into tokens: [{id, text}, ...]."""
+        body = self.request("GET", "/tokenize", params={"model": model, "text": text}).json()
+        return body["tokens"] if isinstance(body, dict) else body
+
+    def arrays_url(self, analysis_id: str) -> str:
+        """Where the browser downloads the full per-parameter arrays (safetensors; 202 JSON until written)."""
+        return f"{self.base_url}{API_PREFIX}/analyses/{quote(analysis_id, safe='')}/safetensors"

@@ -1,0 +1,12 @@
+// Arrow keys step the slides by clicking the ◀ / ▶ buttons (ignored while typing in a field).
+document.addEventListener("keydown", function (event) {
+  var target = event.target;
+  var tag = target && target.tagName ? target.tagName.toLowerCase() : "";
+  if (tag === "input" || tag === "textarea" || tag === "select" || (target && target.isContentEditable)) {
+    return;
+  }
+  var id = event.key === "ArrowRight" ? "next-slide" : event.key === "ArrowLeft" ? "prev-slide" : null;
+  if (!id) { return; }
+  var button = document.getElementById(id);
+  if (button) { event.preventDefault(); button.click(); }
+});

@@ -1,0 +1,227 @@
+"""The dashboard's page: controls on the left, the slide in the middle, the explorer below.
+
+Only components and their ids live here; what they do is in `frontend.app`.
+"""
+
+from __future__ import annotations
+
+from dash import dcc, html
+
+from frontend.state import CENTERINGS, ENGINES, SAMPLER_KINDS, DashboardState
+
+GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+CENTERING_LABELS = {"on": "centered (Fisher)", "off": "uncentered", "raw": "raw"}
+
+
+def labelled(label: str, component, hint: str | None = None) -> html.Div:
+    children = [html.Label(label, className="control-label"), component]
+    if hint:
+        children.append(html.Div(hint, className="control-hint"))
+    return html.Div(children, className="control")
+
+
+def controls(default: DashboardState) -> html.Div:
+    """Model, prefix, continuation, sampler, reward and method inputs, and the Run button."""
+    return html.Div(
+        className="controls",
+        children=[
+            labelled(
+                "Model",
+                dcc.Dropdown(id="model", options=[default.model], value=default.model, clearable=False),
+            ),
+            labelled(
+                "Prefix",
+                dcc.Input(
+                    id="prefix",
+                    type="text",
+                    value=default.prefix,
+                    debounce=False,
+                    placeholder="She drank a cup of",
+                    className="text-input",
+                ),
+            ),
+            html.Div(id="token-chips", className="chips"),
+            labelled(
+                "Continuation (optional)",
+                dcc.Input(
+                    id="continuation",
+                    type="text",
+                    value="",
+                    placeholder=" coffee and",
+                    className="text-input",
+                ),
+            ),
+            labelled(
+                "Sampler",
+                dcc.RadioItems(id="sampler", options=list(SAMPLER_KINDS), value=default.sampler, inline=True),
+            ),
+            html.Div(
+                className="row",
+                children=[
+                    labelled(
+                        "Temperature",
+                        dcc.Input(
+                            id="temperature",
+                            type="number",
+                            value=default.temperature,
+                            min=0.01,
+                            step="any",
+                            className="num-input",
+                        ),
+                    ),
+                    labelled(
+                        "top-k",
+                        dcc.Input(
+                            id="top_k",
+                            type="number",
+                            value=None,
+                            min=1,
+                            step=1,
+                            placeholder="off",
+                            className="num-input",
+                        ),
+                    ),
+                    labelled(
+                        "top-p",
+                        dcc.Input(
+                            id="top_p",
+                            type="number",
+                            value=default.top_p,
+                            min=0.01,
+                            max=1,
+                            step="any",
+                            className="num-input",
+                        ),
+                    ),
+                ],
+            ),
+            labelled(
+                "Engine",
+                dcc.RadioItems(id="engine", options=list(ENGINES), value=default.engine, inline=True),
+            ),
+            labelled(
+                "Data token",
+                dcc.Input(
+                    id="data_token", type="text", value="", className="text-input", placeholder=" coffee"
+                ),
+            ),
+            labelled(
+                "Reward",
+                dcc.Input(
+                    id="reward", type="text", value="", className="text-input", placeholder=" tea:1; coffee:1"
+                ),
+                "token:value;… — or click a candidate below",
+            ),
+            html.Div(id="candidate-chips", className="chips"),
+            labelled(
+                "Method",
+                dcc.Input(id="method", type="text", value=default.method, className="text-input"),
+                "exact | truncated:F | mc:S",
+            ),
+            html.Button("Run", id="run", n_clicks=0, className="run-button"),
+        ],
+    )
+
+
+def slide_panel() -> html.Div:
+    """The slide: navigation, title, claim, formula, figure and the sentence reading the figure."""
+    return html.Div(
+        className="slide",
+        children=[
+            html.Div(
+                className="slide-nav",
+                children=[
+                    html.Button("◀", id="prev-slide", n_clicks=0, title="previous slide (←)"),
+                    html.Span(id="slide-counter", className="slide-counter"),
+                    html.Button("▶", id="next-slide", n_clicks=0, title="next slide (→)"),
+                    dcc.RadioItems(
+                        id="centering",
+                        options=[{"label": CENTERING_LABELS[c], "value": c} for c in CENTERINGS],
+                        value="on",
+                        inline=True,
+                        className="centering",
+                    ),
+                ],
+            ),
+            html.H2(id="slide-title"),
+            html.P(id="slide-claim", className="claim"),
+            dcc.Markdown(id="slide-formula", mathjax=True, className="formula"),
+            dcc.Loading(dcc.Graph(id="slide-graph", config=GRAPH_CONFIG)),
+            html.P(id="slide-reading", className="reading"),
+        ],
+    )
+
+
+def explorer() -> html.Div:
+    """Next-token distribution, mass per module kind, a matrix heatmap and the top coordinates."""
+    return html.Div(
+        className="explorer",
+        children=[
+            html.H3("Explorer"),
+            html.Div(
+                className="explorer-grid",
+                children=[
+                    dcc.Graph(id="next-token-graph", config=GRAPH_CONFIG),
+                    dcc.Graph(id="kind-graph", config=GRAPH_CONFIG),
+                ],
+            ),
+            labelled("Matrix", dcc.Dropdown(id="heatmap-tensor", options=[], value=None)),
+            dcc.Graph(id="heatmap-graph", config=GRAPH_CONFIG),
+            html.H4("Top coordinates"),
+            html.Div(id="top-coordinates"),
+        ],
+    )
+
+
+def exports() -> html.Div:
+    return html.Div(
+        className="exports",
+        children=[
+            html.Button("Per-tensor totals (CSV)", id="csv-button", n_clicks=0),
+            dcc.Download(id="csv-download"),
+            html.A("Full arrays (safetensors)", id="arrays-link", href="", target="_blank"),
+            dcc.Input(id="share-link", type="text", readOnly=True, className="share-link"),
+            dcc.Clipboard(target_id="share-link", title="copy link", className="copy-link"),
+        ],
+    )
+
+
+def page() -> html.Div:
+    default = DashboardState()
+    return html.Div(
+        className="page",
+        children=[
+            dcc.Location(id="url", refresh=False),
+            dcc.Location(id="url-out", refresh=False),
+            dcc.Store(id="slide", data=1),
+            dcc.Store(id="analysis-id"),
+            dcc.Store(id="summary"),
+            dcc.Store(id="autorun"),
+            dcc.Store(id="restored", data=False),
+            dcc.Interval(id="poll", interval=500, disabled=True),
+            html.Header(
+                className="header",
+                children=[
+                    html.H1("fisherscope"),
+                    html.Span(
+                        "where learning can happen: the token Fisher on your own prefix", className="tagline"
+                    ),
+                ],
+            ),
+            html.Div(id="message", className="message", role="alert"),
+            html.Div(
+                className="progress",
+                children=[
+                    html.Div(id="progress-bar", className="progress-bar"),
+                    html.Span(id="progress-stage", className="progress-stage"),
+                ],
+            ),
+            html.Div(
+                className="main",
+                children=[
+                    controls(default),
+                    html.Div([slide_panel(), exports(), explorer()], className="content"),
+                ],
+            ),
+        ],
+    )

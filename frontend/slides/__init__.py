@@ -1,0 +1,30 @@
+"""The ten slides of DESIGN.md section 5, in order: one module per essay section."""
+
+from __future__ import annotations
+
+from frontend.slides import (
+    s01_small_not_sparse,
+    s02_gradient_covariance,
+    s03_one_position,
+    s04_along_response,
+    s05_centered_score,
+    s06_output_layer,
+    s07_hidden_directions,
+    s08_mean_shift,
+    s09_chi2,
+    s10_not_a_defect,
+)
+from frontend.slides.common import SlideModule
+
+SLIDES: list[SlideModule] = [
+    s01_small_not_sparse,
+    s02_gradient_covariance,
+    s03_one_position,
+    s04_along_response,
+    s05_centered_score,
+    s06_output_layer,
+    s07_hidden_directions,
+    s08_mean_shift,
+    s09_chi2,
+    s10_not_a_defect,
+]  # type: ignore[list-item]
