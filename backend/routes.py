@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel
 
 from backend.schemas import (
     AnalysisCreate,
@@ -101,6 +102,18 @@ def download_safetensors(analysis_id: AnalysisId, service: Service) -> Response:
     if isinstance(answer, Path):
         return FileResponse(answer, media_type="application/octet-stream", filename=answer.name)
     return JSONResponse(answer.model_dump(mode="json"), status_code=202)
+
+
+class Stats(BaseModel):
+    """Service counters: `engine_runs` counts analyses the engine computed (cache hits add nothing)."""
+
+    engine_runs: int
+
+
+@api.get("/stats", response_model=Stats)
+def read_stats(service: Service) -> Stats:
+    """How often the engine ran, so a client can check that a cached answer computed nothing new."""
+    return Stats(engine_runs=service.store.read_counter("engine_runs"))
 
 
 @api.get("/models", response_model=list[ModelPublic])

@@ -177,6 +177,11 @@ class AnalysisService:
             return path
         meta = self.store.get_meta(analysis_id) or {}
         started = meta.get("export_started") or 0.0
+        if meta.get("export_status") == "failed":
+            # say why once; the next request starts a fresh attempt
+            self.store.update_meta(analysis_id, export_status=None)
+            reason = meta.get("export_error") or "no reason given"
+            raise ServiceError(500, f"writing the arrays failed: {reason}")
         if meta.get("export_status") != "running" or time.time() - started > self.settings.job_timeout_s:
             self.store.update_meta(analysis_id, export_status="running", export_started=time.time())
             self.queue.enqueue(EXPORT_FUNCTION, public.request.model_dump(mode="json"), analysis_id)

@@ -66,6 +66,7 @@ class FixtureApi:
         self.computations = 0
         self.polls: dict[str, int] = {}
         self.done: set[str] = set()
+        self.exports: dict[str, int] = {}
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -120,6 +121,8 @@ class FixtureApi:
         return 202, self.public(analysis_id, "queued", 0.0)
 
     def get(self, path: str) -> tuple[int, Any]:
+        if path.startswith("/api/v1/stats"):
+            return 200, {"engine_runs": self.computations}
         if path.startswith("/api/v1/models"):
             return 200, [{"id": "smollm2-135m", "available": True}, {"id": "tiny-random", "available": True}]
         if path.startswith("/api/v1/tokenize"):
@@ -128,10 +131,15 @@ class FixtureApi:
             text = parse_qs(urlparse(path).query).get("text", [""])[0]
             pieces = re.findall(r"\s?\S+", text)
             return 200, {"tokens": [{"id": i, "text": piece} for i, piece in enumerate(pieces)]}
-        match = re.match(r"^/api/v1/analyses/([0-9a-f]{64})(/tensors/[^?]+)?", path)
+        match = re.match(r"^/api/v1/analyses/([0-9a-f]{64})(/tensors/[^?]+|/safetensors)?", path)
         if not match or match.group(1) not in self.polls:
             return 404, {"detail": "unknown analysis"}
         analysis_id = match.group(1)
+        if match.group(2) == "/safetensors":  # written by the second ask; served as JSON here
+            self.exports[analysis_id] = self.exports.get(analysis_id, 0) + 1
+            if self.exports[analysis_id] >= 2:
+                return 200, {"safetensors": "stand-in"}
+            return 202, self.public(analysis_id, "done", 1.0)
         if match.group(2):
             return 200, {
                 "shape": [2, 2],
@@ -175,6 +183,11 @@ class Service:
     url: str
     model: str
     computed: Callable[[], int]
+    api_url: str
+
+    def engine_runs(self) -> int:
+        """The API's own count of engine runs (GET /api/v1/stats); cache hits do not add to it."""
+        return int(httpx.get(f"{self.api_url}/api/v1/stats", timeout=10).json()["engine_runs"])
 
 
 @contextmanager
@@ -201,7 +214,7 @@ def real_service(tmp: Path) -> Iterator[Service]:
                 time.sleep(0.5)
         else:
             pytest.fail("the embedded service did not start")
-        yield Service(url, "tiny-random", lambda: sum(1 for p in results.rglob("*") if p.is_file()))
+        yield Service(url, "tiny-random", lambda: sum(1 for p in results.rglob("*") if p.is_file()), url)
     finally:
         process.terminate()
         process.wait(timeout=20)
@@ -213,7 +226,12 @@ def fixture_service() -> Iterator[Service]:
     with FixtureApi(api_port) as api:
         app = create_dash_app(f"http://127.0.0.1:{api_port}")
         with ThreadedServer(app.server, dash_port):
-            yield Service(f"http://127.0.0.1:{dash_port}", "smollm2-135m", lambda: api.computations)
+            yield Service(
+                f"http://127.0.0.1:{dash_port}",
+                "smollm2-135m",
+                lambda: api.computations,
+                f"http://127.0.0.1:{api_port}",
+            )
 
 
 @pytest.fixture(scope="module")
@@ -268,6 +286,53 @@ def go_to_slide(page, number: int) -> None:
         )
 
 
+def plotted(page, graph_id: str) -> list[dict[str, Any]]:
+    """The traces (name, x, y) of a Plotly graph in the page."""
+    return page.evaluate(
+        f"""() => (document.querySelector('#{graph_id} .js-plotly-plot')?.data || [])
+            .map(t => ({{name: t.name || '', x: Array.from(t.x || []), y: Array.from(t.y || [])}}))"""
+    )
+
+
+def check_explorer(page) -> None:
+    """Every explorer view is drawn; clicking a layer bar opens that layer's matrices in the heatmap."""
+    page.wait_for_function("() => document.querySelector('#layer-graph .trace.bars .point path')")
+    next_token = plotted(page, "next-token-graph")
+    assert [trace["name"] for trace in next_token] == ["p (model)", "μ (sampler)"]
+    labels = next_token[0]["x"]
+    assert len(labels) == len(set(labels)), labels  # colliding token texts get '#id'
+    assert any("centered" in trace["name"] for trace in plotted(page, "spectrum-graph"))
+    layers = plotted(page, "layer-graph")[0]
+    assert len(plotted(page, "kind-graph")[0]["x"]) >= 3
+    assert len(plotted(page, "response-graph")) == 4  # totals, running sum, p(y_t), chi^2
+    assert page.locator("#top-coordinates tr").count() > 2
+
+    tallest = max(range(len(layers["y"])), key=lambda i: layers["y"][i])
+    bar = page.locator("#layer-graph .trace.bars .point path").nth(tallest).bounding_box()
+    page.mouse.click(bar["x"] + bar["width"] / 2, bar["y"] + bar["height"] - 2)
+    layer = layers["x"][tallest]
+    page.wait_for_function(
+        f"() => (document.querySelector('#heatmap-scope')?.innerText || '').startsWith('layer {layer}:')",
+        timeout=30_000,
+    )
+    page.wait_for_function(
+        "() => (document.querySelector('#heatmap-graph .js-plotly-plot')?.data || [])"
+        ".some(t => t.type === 'heatmap')",
+        timeout=60_000,
+    )
+
+
+def check_arrays_download(page) -> None:
+    """'Prepare' polls the safetensors route until the file exists, then offers the link."""
+    page.click("#arrays-prepare")
+    page.wait_for_function(
+        "() => (document.querySelector('#arrays-status')?.innerText || '').startsWith('ready')",
+        timeout=120_000,
+    )
+    assert page.get_attribute("#arrays-link", "href").endswith("/safetensors")
+    assert page.locator("#arrays-link").is_visible()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dashboard_in_a_real_browser(service: Service):
@@ -312,6 +377,9 @@ def test_dashboard_in_a_real_browser(service: Service):
         assert any(uncentered[name] > centered[name] for name in centered)
         page.click("#centering label:has-text('centered (Fisher)')")
 
+        check_explorer(page)
+        check_arrays_download(page)
+
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         for number in range(1, 11):
             go_to_slide(page, number)
@@ -320,6 +388,8 @@ def test_dashboard_in_a_real_browser(service: Service):
             page.locator(".slide").screenshot(path=str(SCREENSHOTS / f"slide_{number:02d}.png"))
 
         computed_before = service.computed()
+        runs_before = service.engine_runs()
+        assert runs_before >= 1
         link = page.input_value("#share-link")
         assert "slide=10" in link and "prefix=She+drank" in link
         fresh = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -339,6 +409,7 @@ def test_dashboard_in_a_real_browser(service: Service):
         assert shared.inner_text("#slide-counter") == "10 / 10"
         assert shared.inner_text("#progress-stage") == "cached"
         assert service.computed() == computed_before
+        assert service.engine_runs() == runs_before  # the API's own counter: nothing computed anew
 
         shared.goto(f"{service.url}/?prefix=x&temperature=0&slide=12")
         shared.wait_for_selector(".message div")

@@ -46,8 +46,8 @@ def _reward(vocab: int) -> torch.Tensor:
     return reward
 
 
-def _fast_stats(model, ids, p, mu, reward, on_policy, method=Method()) -> MomentSums:
-    moments = position_moments(model, PositionInputs(ids, p, mu, reward, on_policy), method)
+def _fast_stats(model, ids, p, mu, reward, on_policy, method: Method | None = None) -> MomentSums:
+    moments = position_moments(model, PositionInputs(ids, p, mu, reward, on_policy), method or Method())
     names = [n for n, _ in model.named_parameters()]
     shapes = {n: tuple(t.shape) for n, t in model.named_parameters()}
     sums = MomentSums(names, shapes)
@@ -74,10 +74,15 @@ def test_every_stat_matches_brute_force(model, prefix):
                 got, want = fast.stat(stat, name), reference[stat][name]
                 if stat == "rho":  # a ratio: compare where its denominator is above rounding level
                     second = _weighted_second_moment(kappa[name], p)
-                    keep = second > 1e-12 * max(float(_weighted_second_moment(k, p).max()) for k in kappa.values())
+                    keep = second > 1e-12 * max(
+                        float(_weighted_second_moment(k, p).max()) for k in kappa.values()
+                    )
                     got, want = got[keep], want[keep]
                 torch.testing.assert_close(
-                    got, want, rtol=1e-9, atol=1e-11,
+                    got,
+                    want,
+                    rtol=1e-9,
+                    atol=1e-11,
                     msg=lambda m, s=sampler, st=stat, n=name: f"{s} {st} {n}: {m}",
                 )
 
@@ -129,7 +134,9 @@ def test_truncated_to_the_whole_trace_is_exact(model):
     half = _fast_stats(model, ids, p, p, None, True, Method.parse("truncated:0.5"))
     head = "lm_head.weight" if "lm_head.weight" in exact.names else None
     for name in exact.names:
-        torch.testing.assert_close(full.stat("fisher", name), exact.stat("fisher", name), rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(
+            full.stat("fisher", name), exact.stat("fisher", name), rtol=1e-9, atol=1e-11
+        )
         if name != head and "embed" not in name:  # a lower bound outside the tied cross rows
             assert bool((half.stat("fisher", name) <= exact.stat("fisher", name) + 1e-12).all())
 
@@ -143,7 +150,9 @@ def test_monte_carlo_converges_to_exact():
     errors = []
     for samples in (16, 256, 4096):
         estimate = _fast_stats(model, ids, p, p, None, True, Method.parse(f"mc:{samples}", seed=7))
-        num = sum(float((estimate.stat("fisher", n) - exact.stat("fisher", n)).square().sum()) for n in exact.names)
+        num = sum(
+            float((estimate.stat("fisher", n) - exact.stat("fisher", n)).square().sum()) for n in exact.names
+        )
         den = sum(float(exact.stat("fisher", n).square().sum()) for n in exact.names)
         errors.append((num / den) ** 0.5)
     assert errors[2] < errors[0] / 4, errors  # ~1/sqrt(S): 16x the samples, ~1/16 the error

@@ -29,9 +29,12 @@ def model():
 def _moments(model, mu, on_policy, reward=None):
     logits = model(input_ids=IDS[None]).logits[0, -1].detach()
     p = torch.softmax(logits, -1)
-    moments = position_moments(model, PositionInputs(IDS, p, mu(logits) if callable(mu) else mu, reward, on_policy),
-                               Method())
-    sums = MomentSums([n for n, _ in model.named_parameters()], {n: tuple(t.shape) for n, t in model.named_parameters()})
+    moments = position_moments(
+        model, PositionInputs(IDS, p, mu(logits) if callable(mu) else mu, reward, on_policy), Method()
+    )
+    sums = MomentSums(
+        [n for n, _ in model.named_parameters()], {n: tuple(t.shape) for n, t in model.named_parameters()}
+    )
     sums.add(moments)
     return logits, p, moments, sums
 
@@ -104,7 +107,9 @@ def test_output_layer_rows_are_coin_flips(model):
     assert total == pytest.approx(float(h.square().sum()) * (1 - float(mu.square().sum())), rel=1e-12)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, 0.9), (0.7, 5, 1.0), (1.3, 8, 0.6), (1.0, 3, 0.2)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, None, 0.9), (0.7, 5, 1.0), (1.3, 8, 0.6), (1.0, 3, 0.2)]
+)
 def test_sampler_matches_transformers_warpers(temperature, top_k, top_p):
     torch.manual_seed(1)
     logits = torch.randn(50, dtype=torch.float64) * 2

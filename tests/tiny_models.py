@@ -22,18 +22,31 @@ class ExactRMSNorm(nn.Module):
 
 
 def _swap_norms(model: nn.Module) -> None:
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if type(child).__name__ == "LlamaRMSNorm":
                 setattr(module, child_name, ExactRMSNorm(child.weight, child.variance_epsilon))
 
 
-def tiny_llama(tied: bool = True, vocab: int = 37, hidden: int = 16, layers: int = 2, seed: int = 0,
-               dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
+def tiny_llama(
+    tied: bool = True,
+    vocab: int = 37,
+    hidden: int = 16,
+    layers: int = 2,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
-        tie_word_embeddings=tied, attn_implementation="sdpa",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
+        attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(dtype)

@@ -8,17 +8,19 @@ reward tensors, runs the sequence analysis with progress, and exposes the result
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
 from backend.cost import estimate_cost
 from backend.schemas import AnalysisJob
 from workers.fisher.methods import Method
-from workers.fisher.pooling import pooled_view
+from workers.fisher.pooling import block_edges, pooled_view
 from workers.fisher.position import HeadLayout
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
 from workers.fisher.sampler import Engine, SamplerConfig, SamplerKind
@@ -81,23 +83,46 @@ class Analysis:
             raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
         return {name: value.float() for name, value in self.sequence.sums.iter_stat(stat)}
 
-    def pooled(self, max_rows: int = 128, max_cols: int = 128, stats: tuple[str, ...] = STATS) -> dict[str, dict[str, dict]]:
-        return {
-            stat: {name: pooled_view(value, max_rows, max_cols) for name, value in self.sequence.sums.iter_stat(stat)}
-            for stat in stats
-        }
+    def pooled(
+        self, max_rows: int = 128, max_cols: int = 128, stats: tuple[str, ...] = STATS
+    ) -> dict[str, dict[str, dict]]:
+        """Block sums of every stat on every tensor; stats equal to another by construction are shared."""
+        sums = self.sequence.sums
+        out: dict[str, dict[str, dict]] = {}
+        for stat in stats:
+            if sums.alias(stat) in out:
+                out[stat] = out[sums.alias(stat)]
+            elif sums.identically_zero(stat):
+                out[stat] = {name: _zero_view(sums.shapes[name], max_rows, max_cols) for name in sums.names}
+            else:
+                out[stat] = {
+                    name: pooled_view(value, max_rows, max_cols) for name, value in sums.iter_stat(stat)
+                }
+        return out
 
     def save(self, path: str | Path) -> None:
         """safetensors: ``<stat>/<param name>`` for every stat and parameter, plus the token ids."""
         tensors: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
         for stat in STATS:
             for name, value in self.sequence.sums.iter_stat(stat):
-                tensors[f"{stat}/{name}"] = value.float().contiguous()
+                value = value.float().contiguous()
+                if value.data_ptr() in seen:  # stats equal by construction share storage; files may not
+                    value = value.clone()
+                seen.add(value.data_ptr())
+                tensors[f"{stat}/{name}"] = value
         tensors["input_ids"] = torch.tensor(self.job.input_ids, dtype=torch.int64)
         if self.job.continuation_ids:
             tensors["continuation_ids"] = torch.tensor(self.job.continuation_ids, dtype=torch.int64)
         metadata = {"job": self.job.canonical_json(), "summary_totals": json.dumps(self.summary["totals"])}
         save_file(tensors, str(path), metadata=metadata)
+
+
+def _zero_view(shape: tuple[int, ...], max_rows: int, max_cols: int) -> dict:
+    rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
+    row_edges, col_edges = block_edges(rows, max_rows), block_edges(cols, max_cols)
+    grid = np.zeros((len(row_edges) - 1, len(col_edges) - 1), dtype=np.float32)
+    return {"shape": list(grid.shape), "row_edges": row_edges, "col_edges": col_edges, "values": grid}
 
 
 def _staged(progress: ProgressCallback | None) -> ProgressCallback:
@@ -106,6 +131,7 @@ def _staged(progress: ProgressCallback | None) -> ProgressCallback:
             return
         lo, hi = _STAGES.get(stage, (0.0, 1.0))
         progress(stage, lo + (hi - lo) * min(max(fraction, 0.0), 1.0))
+
     return report
 
 
@@ -123,11 +149,14 @@ def run_analysis(
     method = job_method(job)
     vocab = model.get_output_embeddings().weight.shape[0]
     reward = reward_vector(job, vocab)
-    engine_model = loaded.bf16() if sampler.engine == Engine.BF16 and sampler.kind == SamplerKind.MODEL else None
+    engine_model = (
+        loaded.bf16() if sampler.engine == Engine.BF16 and sampler.kind == SamplerKind.MODEL else None
+    )
     prefix = torch.tensor(job.input_ids, dtype=torch.long)
     continuation = torch.tensor(job.continuation_ids, dtype=torch.long)
-    sequence = analyze_sequence(model, prefix, continuation, sampler, method, reward, engine_model,
-                                memory_budget_bytes, report)
+    sequence = analyze_sequence(
+        model, prefix, continuation, sampler, method, reward, engine_model, memory_budget_bytes, report
+    )
     report("summary", 0.0)
     layout = HeadLayout.of(model)
     summary = build_summary(loaded, job, sequence, layout, method, reward)
@@ -136,35 +165,49 @@ def run_analysis(
     return Analysis(job, sequence, layout, summary)
 
 
-def build_summary(loaded: LoadedModel, job: AnalysisJob, sequence: SequenceAnalysis, layout: HeadLayout,
-                  method: Method, reward: torch.Tensor | None) -> dict:
+def build_summary(
+    loaded: LoadedModel,
+    job: AnalysisJob,
+    sequence: SequenceAnalysis,
+    layout: HeadLayout,
+    method: Method,
+    reward: torch.Tensor | None,
+) -> dict:
     decode = loaded.decode_token
     info = loaded.info
     on_policy = sampler_config(job).is_on_policy
-    curve_stats = ("fisher",) if on_policy else ("fisher", "uncentered")
-    curve_stats = (*curve_stats, "raw")
-    whole = model_summary(sequence.sums, layout.head_name, layout.embedding_name, curve_stats)
-    if on_policy:  # uncentered == fisher exactly on-policy; share the computation
-        whole["concentration"]["uncentered"] = whole["concentration"]["fisher"]
+    whole = model_summary(
+        sequence.sums, layout.head_name, layout.embedding_name, ("fisher", "uncentered", "raw")
+    )
     positions = [position_summary(r, i, decode, reward) for i, r in enumerate(sequence.positions)]
     first = sequence.positions[0]
     data_token = job.sampler.data_token_id
     return {
         "model": {
-            "id": info.id, "digest": info.digest, "n_params": info.n_params, "d_model": info.d_model,
-            "vocab_size": info.vocab_size, "n_layers": info.n_layers, "tied_embeddings": layout.tied,
+            "id": info.id,
+            "digest": info.digest,
+            "n_params": info.n_params,
+            "d_model": info.d_model,
+            "vocab_size": info.vocab_size,
+            "n_layers": info.n_layers,
+            "tied_embeddings": layout.tied,
         },
         "tokens": {
             "prefix": [{"id": t, "text": decode(t)} for t in job.input_ids],
             "continuation": [{"id": t, "text": decode(t)} for t in job.continuation_ids],
         },
-        "sampler": {**job.sampler.model_dump(mode="json"),
-                    "data_token_text": decode(data_token) if data_token is not None else None,
-                    "on_policy": on_policy},
+        "sampler": {
+            **job.sampler.model_dump(mode="json"),
+            "data_token_text": decode(data_token) if data_token is not None else None,
+            "on_policy": on_policy,
+        },
         "reward": [{"id": int(t), "text": decode(int(t)), "value": v} for t, v in job.reward.items()],
         "method": {
-            "name": method.name.value, "fraction": method.fraction, "samples": method.samples,
-            "directions": first.directions, "kept_share": min(r.kept_share for r in sequence.positions),
+            "name": method.name.value,
+            "fraction": method.fraction,
+            "samples": method.samples,
+            "directions": first.directions,
+            "kept_share": min(r.kept_share for r in sequence.positions),
             "missing_estimate": max(r.missing_estimate for r in sequence.positions),
         },
         "cost": estimate_cost(info, job).model_dump(mode="json"),

@@ -53,7 +53,9 @@ class CapturedForward:
 
 
 def _is_rms_norm(module: nn.Module) -> bool:
-    return type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), nn.Parameter)
+    return type(module).__name__.endswith("RMSNorm") and isinstance(
+        getattr(module, "weight", None), nn.Parameter
+    )
 
 
 def _rms_eps(module: nn.Module) -> float:
@@ -83,13 +85,13 @@ def _instrumented(decoder: nn.Module, records: list[CapturedModule]) -> Iterator
     for name, module in decoder.named_modules():
         if isinstance(module, nn.Linear):
             handles.append(
-                module.register_forward_hook(
-                    lambda m, inp, out, n=name: record(n, "linear", m, inp[0], out)
-                )
+                module.register_forward_hook(lambda m, inp, out, n=name: record(n, "linear", m, inp[0], out))
             )
         elif isinstance(module, nn.Embedding):
             handles.append(
-                module.register_forward_hook(lambda m, inp, out, n=name: record(n, "embedding", m, inp[0], out))
+                module.register_forward_hook(
+                    lambda m, inp, out, n=name: record(n, "embedding", m, inp[0], out)
+                )
             )
         elif isinstance(module, nn.LayerNorm):
 
@@ -102,7 +104,9 @@ def _instrumented(decoder: nn.Module, records: list[CapturedModule]) -> Iterator
         elif _is_rms_norm(module):
             eps = _rms_eps(module)
 
-            def rms_forward(x: torch.Tensor, m: nn.Module = module, n: str = name, e: float = eps) -> torch.Tensor:
+            def rms_forward(
+                x: torch.Tensor, m: nn.Module = module, n: str = name, e: float = eps
+            ) -> torch.Tensor:
                 xhat = _normalize_rms(x, e)
                 out = m.weight * xhat
                 record(n, "norm", m, xhat, out)

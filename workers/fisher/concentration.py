@@ -1,9 +1,9 @@
 """Concentration: the share of a total held by the top q of coordinates, without sorting 10^8 values.
 
 Values are binned by their float32 bit pattern (exponent and the top 4 mantissa bits: 16 bins per
-octave, monotone in the value), so one cheap pass gives counts and sums per bin. The named fractions are then exact: the k-th largest value
-lies in one known bin, and only that bin's values are sorted. The full curve interpolates within bins
-(the exact points bracket it to one bin width, 4.4% in value).
+octave, monotone in the value), so one cheap pass gives counts and sums per bin. The named fractions
+are then exact: the k-th largest value lies in one known bin, and only that bin's values are sorted.
+The full curve interpolates within bins (the exact points bracket it to one bin width, 4.4% in value).
 """
 
 from __future__ import annotations
@@ -61,39 +61,77 @@ class Threshold:
     top_sum: float
 
 
-def thresholds(hist: Histogram, chunks: Callable[[], Iterator[torch.Tensor]], fractions: Iterable[float]) -> list[Threshold]:
-    """Exact top-k sums for k = ceil(q N), one extra pass over the data (only the boundary bins)."""
-    counts_desc = hist.counts.flip(0)
-    cum_counts = torch.cumsum(counts_desc, 0)
+@dataclass
+class ThresholdPlan:
+    """For each fraction: k, the bin holding the k-th largest value (None: it is zero), the exact sum
+    of the bins above it, and how many values of the boundary bin belong to the top k."""
+
+    rows: list[tuple[int, int | None, float, int]]
+
+    @property
+    def bins(self) -> set[int]:
+        return {b for _, b, _, _ in self.rows if b is not None}
+
+    def finish(self, members: dict[int, list[torch.Tensor]]) -> list[Threshold]:
+        out = []
+        for k, b, above_sum, need in self.rows:
+            if b is None:
+                out.append(Threshold(k, 0.0, above_sum))
+                continue
+            values = torch.sort(torch.cat(members[b]), descending=True).values
+            out.append(Threshold(k, float(values[need - 1]), above_sum + float(values[:need].sum())))
+        return out
+
+
+def plan_thresholds(hist: Histogram, fractions: Iterable[float]) -> ThresholdPlan:
+    cum_counts = torch.cumsum(hist.counts.flip(0), 0)
     cum_sums = torch.cumsum(hist.sums.flip(0), 0)
-    wanted = []
+    rows: list[tuple[int, int | None, float, int]] = []
     for q in fractions:
         k = max(1, math.ceil(q * hist.total_count))
         j = int(torch.searchsorted(cum_counts, torch.tensor(float(k), dtype=torch.float64)).item())
         if j >= N_BINS - 1:  # fewer non-zero values than k: the rest are zeros
-            wanted.append((k, None, float(cum_sums[-1]), 0))
+            rows.append((k, None, float(cum_sums[-1]), 0))
             continue
         above_count = float(cum_counts[j - 1]) if j > 0 else 0.0
         above_sum = float(cum_sums[j - 1]) if j > 0 else 0.0
-        wanted.append((k, N_BINS - 1 - j, above_sum, k - int(above_count)))
-    boundary = {b for _, b, _, _ in wanted if b is not None}
-    members: dict[int, list[torch.Tensor]] = {b: [] for b in boundary}
-    if boundary:
+        rows.append((k, N_BINS - 1 - j, above_sum, k - int(above_count)))
+    return ThresholdPlan(rows)
+
+
+def collect_bins(
+    chunk: torch.Tensor,
+    wanted: set[int],
+    into: dict[int, list[torch.Tensor]],
+    index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Append the values of ``chunk`` that fall in the ``wanted`` bins; returns the bin index used."""
+    flat = chunk.reshape(-1)
+    index = _bins(flat) if index is None else index
+    for b in wanted:
+        sel = flat[index == b]
+        if sel.numel():
+            into.setdefault(b, []).append(sel.to(torch.float64))
+    return index
+
+
+def thresholds(
+    hist: Histogram, chunks: Callable[[], Iterator[torch.Tensor]], fractions: Iterable[float]
+) -> list[Threshold]:
+    """Exact top-k sums for k = ceil(q N), one extra pass over the data (only the boundary bins)."""
+    plan = plan_thresholds(hist, fractions)
+    members: dict[int, list[torch.Tensor]] = {}
+    if plan.bins:
         for chunk in chunks():
-            flat = chunk.reshape(-1)
-            index = _bins(flat)
-            for b in boundary:
-                sel = flat[index == b]
-                if sel.numel():
-                    members[b].append(sel.to(torch.float64))
-    out = []
-    for k, b, above_sum, need in wanted:
-        if b is None:
-            out.append(Threshold(k, 0.0, above_sum))
-            continue
-        values = torch.sort(torch.cat(members[b]), descending=True).values
-        out.append(Threshold(k, float(values[need - 1]), above_sum + float(values[:need].sum())))
-    return out
+            collect_bins(chunk, plan.bins, members)
+    return plan.finish(members)
+
+
+def merge(histograms: Iterable[Histogram]) -> Histogram:
+    hists = list(histograms)
+    return Histogram(
+        sum(h.counts for h in hists), sum(h.sums for h in hists), sum(h.total_count for h in hists)
+    )
 
 
 def concentration_curve(hist: Histogram, points: int = 61) -> tuple[list[float], list[float]]:

@@ -99,6 +99,15 @@ def _per_direction_gradients(module: CapturedModule, delta: torch.Tensor) -> dic
     return grads
 
 
+def _weighted_outer_per_output(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """M[o, t, s] = sum_b w_b delta[b, t, o] delta[b, s, o], weights >= 0 (eigenvalues, 1/S)."""
+    t = delta.shape[1]
+    if t <= 8:  # few positions: one broadcast product beats many tiny matmuls
+        return torch.tensordot(weights, delta[:, :, None, :] * delta[:, None, :, :], dims=1).permute(2, 0, 1)
+    scaled = (delta * weights.clamp_min(0).sqrt()[:, None, None]).permute(2, 1, 0).contiguous()  # [o, t, b]
+    return torch.bmm(scaled, scaled.transpose(1, 2))
+
+
 class _SquareAccumulator:
     """sum_j w_j (d(v_j^T h)/dtheta)^2 for one square group, every captured module."""
 
@@ -122,9 +131,7 @@ class _SquareAccumulator:
 
     def add(self, index: int, module: CapturedModule, delta: torch.Tensor, weights: torch.Tensor) -> None:
         if index in self.ghost:
-            # M[o] += sum_b w_b delta_b[:, o] delta_b[:, o]^T as one batched matmul over o
-            weighted = delta * weights[:, None, None]
-            self.ghost[index] += torch.bmm(weighted.permute(2, 1, 0), delta.permute(2, 0, 1))
+            self.ghost[index] += _weighted_outer_per_output(delta, weights)
             bias = getattr(module.module, "bias", None)
             if isinstance(bias, torch.Tensor):
                 self._add(f"{module.name}.bias", torch.einsum("b,bo->o", weights, delta.sum(1).square()))
@@ -178,8 +185,7 @@ def backprop_directions(
     rows: list[tuple[str, int, float | None]] = []
     vectors: list[torch.Tensor] = []
     for g, group in enumerate(squares):
-        for j in range(group.vectors.shape[0]):
-            rows.append(("square", g, None))
+        rows.extend(("square", g, None) for _ in range(group.vectors.shape[0]))
         vectors.append(group.vectors.to(dtype))
     for g, group in enumerate(linears):
         rows.append(("linear", g, None))
@@ -194,7 +200,9 @@ def backprop_directions(
     square_offsets = _offsets([group.vectors.shape[0] for group in squares])
 
     accumulators = [
-        _SquareAccumulator(capture, length, group.vectors.shape[0], memory_budget_bytes // max(len(squares), 1))
+        _SquareAccumulator(
+            capture, length, group.vectors.shape[0], memory_budget_bytes // max(len(squares), 1)
+        )
         for group in squares
     ]
     results = DirectionResults()
@@ -214,8 +222,20 @@ def backprop_directions(
             if grad is None:
                 continue
             delta = grad[:, 0, :length]  # [b, t, o]
-            _fold_chunk(index, module, delta, rows[start:stop], start, squares, square_offsets, square_weights,
-                        accumulators, linears, probes, results)
+            _fold_chunk(
+                index,
+                module,
+                delta,
+                rows[start:stop],
+                start,
+                squares,
+                square_offsets,
+                square_weights,
+                accumulators,
+                linears,
+                probes,
+                results,
+            )
         if progress is not None:
             progress(stop / total)
     for group, acc in zip(squares, accumulators, strict=True):

@@ -138,7 +138,13 @@ def position_moments(
         for c, vector in plan.probes.items()
     ]
     results = backprop_directions(
-        capture, position, squares, linears, probes, memory_budget_bytes=memory_budget_bytes, progress=progress
+        capture,
+        position,
+        squares,
+        linears,
+        probes,
+        memory_budget_bytes=memory_budget_bytes,
+        progress=progress,
     )
 
     def assemble(input_side: Params | None, head_value: torch.Tensor) -> Params:

@@ -13,7 +13,9 @@ from torch import nn
 Params = dict[str, torch.Tensor]
 
 
-def brute_force_logit_sensitivities(model: nn.Module, context_ids: torch.Tensor) -> tuple[torch.Tensor, Params]:
+def brute_force_logit_sensitivities(
+    model: nn.Module, context_ids: torch.Tensor
+) -> tuple[torch.Tensor, Params]:
     """(logits [V], {name: [V, *shape]}) with row a = d z_a / d theta at the last position."""
     names = [n for n, _ in model.named_parameters()]
     params = [p for _, p in model.named_parameters()]

@@ -67,8 +67,13 @@ def _position_totals(m: PositionMoments, on_policy: bool) -> dict[str, float]:
     else:
         shift_sq = sum(float((m.kbar_mu[n] - m.kbar_p[n]).square().sum()) for n in m.kbar_mu)
         raw = fisher + sum(float(v.square().sum()) for v in m.kbar_mu.values())
-    totals = {"fisher": fisher, "uncentered": fisher + shift_sq, "raw": raw, "mean_shift_sq": shift_sq,
-              "common_sq": common_sq}
+    totals = {
+        "fisher": fisher,
+        "uncentered": fisher + shift_sq,
+        "raw": raw,
+        "mean_shift_sq": shift_sq,
+        "common_sq": common_sq,
+    }
     if m.policy_grad is not None and m.reward_std is not None:
         totals["policy_grad_sq"] = sum(float(v.square().sum()) for v in m.policy_grad.values())
         totals["bound"] = m.reward_std * sum(float(v.clamp_min(0).sqrt().sum()) for v in m.fisher.values())
@@ -148,7 +153,9 @@ def _record(inputs: PositionInputs, m: PositionMoments, target: int | None) -> P
     )
 
 
-def log_likelihood_gradient(model: nn.Module, prefix_ids: torch.Tensor, continuation_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+def log_likelihood_gradient(
+    model: nn.Module, prefix_ids: torch.Tensor, continuation_ids: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """d log pi(y | x) / dtheta by one ordinary backward pass (the SFT gradient)."""
     full = torch.cat([prefix_ids, continuation_ids])
     names = [n for n, _ in model.named_parameters()]
@@ -159,4 +166,7 @@ def log_likelihood_gradient(model: nn.Module, prefix_ids: torch.Tensor, continua
         logp = torch.log_softmax(logits[start:].to(torch.float64), dim=-1)
         total = logp.gather(1, continuation_ids[:, None]).sum()
         grads = torch.autograd.grad(total, params, allow_unused=True)
-    return {n: (torch.zeros_like(p) if g is None else g.detach()) for n, p, g in zip(names, params, grads, strict=True)}
+    return {
+        n: (torch.zeros_like(p) if g is None else g.detach())
+        for n, p, g in zip(names, params, grads, strict=True)
+    }

@@ -57,7 +57,9 @@ def model_distribution(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits.to(torch.float64), dim=-1)
 
 
-def warped_distribution(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
+def warped_distribution(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float
+) -> torch.Tensor:
     """softmax after temperature, top-k and top-p, in HF's order (ties at the k-th logit are kept)."""
     z = logits.to(torch.float64) / temperature
     if top_k is not None and top_k < z.numel():

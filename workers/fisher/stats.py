@@ -31,7 +31,9 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 class MomentSums:
     """Sums over positions of every base quantity (one position: the position's own values).
 
-    Absent entries are zero by construction (e.g. mean shifts on-policy).
+    Absent entries are zero by construction (mean shifts on-policy, policy gradients without a
+    reward). Sums of squares are only materialized from the second position on: for one position
+    they are the squares of the first moments, and not storing them keeps two P-sized arrays free.
     """
 
     names: list[str]
@@ -40,29 +42,43 @@ class MomentSums:
     positions: int = 0
     dtype: torch.dtype = torch.float32
 
-    KEYS = ("fisher", "mean_shift", "mean_shift_sq", "kbar_mu_sq", "common", "common_sq", "fisher_p",
-            "policy_grad", "bound")
+    SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
     def add(self, m: PositionMoments) -> None:
         """Fold one position in (the caller may drop ``m`` afterwards)."""
         on_policy = m.kbar_mu is m.kbar_p
         self.dtype = m.hidden.dtype
+        if self.positions == 1:
+            self._materialize_squares()
+        track_squares = self.positions >= 1
         for name in self.names:
             kmu, kp, f = m.kbar_mu[name], m.kbar_p[name], m.fisher[name]
             self._add("fisher", name, f)
             if not on_policy:
                 shift = kmu - kp
                 self._add("mean_shift", name, shift)
-                self._add("mean_shift_sq", name, shift.square())
-                self._add("kbar_mu_sq", name, kmu.square())
                 self._add("fisher_p", name, m.fisher_p[name])
+                if track_squares:
+                    self._add("mean_shift_sq", name, shift.square())
+                    self._add("kbar_mu_sq", name, kmu.square())
             self._add("common", name, kp)
-            self._add("common_sq", name, kp.square())
+            if track_squares:
+                self._add("common_sq", name, kp.square())
             if m.policy_grad is not None:
                 assert m.reward_std is not None
                 self._add("policy_grad", name, m.policy_grad[name])
                 self._add("bound", name, m.reward_std * f.clamp_min(0).sqrt())
         self.positions += 1
+
+    def _materialize_squares(self) -> None:
+        for name in self.names:
+            for key, base in self.SQUARED.items():
+                value = self._get(base, name)
+                if value is not None:
+                    self._add(key, name, value.square())
+            shift = self._get("mean_shift", name)
+            if shift is not None:
+                self._add("kbar_mu_sq", name, (self.sums["common"][name] + shift).square())
 
     def _add(self, key: str, name: str, value: torch.Tensor) -> None:
         table = self.sums.setdefault(key, {})
@@ -70,42 +86,55 @@ class MomentSums:
         table[name] = table[name] + value if name in table else value
 
     def _get(self, key: str, name: str) -> torch.Tensor | None:
-        return self.sums.get(key, {}).get(name)
+        value = self.sums.get(key, {}).get(name)
+        if value is None and self.positions == 1 and key in self.SQUARED:
+            base = self.sums.get(self.SQUARED[key], {}).get(name)
+            return None if base is None else base.square()
+        if value is None and self.positions == 1 and key == "kbar_mu_sq" and "mean_shift" in self.sums:
+            return (self.sums["common"][name] + self.sums["mean_shift"][name]).square()
+        return value
 
     @property
     def has_reward(self) -> bool:
         return "policy_grad" in self.sums
 
+    @property
+    def has_mean_shift(self) -> bool:
+        return "mean_shift" in self.sums
+
+    def identically_zero(self, stat: str) -> bool:
+        """True when a stat is zero by construction (no computation needed to know it)."""
+        if stat == "mean_shift":
+            return not self.has_mean_shift
+        if stat in ("policy_grad", "bound"):
+            return not self.has_reward
+        return False
+
+    def alias(self, stat: str) -> str:
+        """The stat this one equals exactly (uncentered is fisher on-policy)."""
+        return "fisher" if stat == "uncentered" and not self.has_mean_shift else stat
+
     def stat(self, stat: str, name: str) -> torch.Tensor:
         """One stat for one parameter tensor."""
-        zero = torch.zeros(self.shapes[name], dtype=self.dtype)
-
-        def get(key: str) -> torch.Tensor:
-            value = self._get(key, name)
-            return zero if value is None else value
-
-        fisher = get("fisher")
+        if stat not in STATS:
+            raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
+        if self.identically_zero(stat):
+            return torch.zeros(self.shapes[name], dtype=self.dtype)
+        fisher = self.sums["fisher"][name]
         if stat == "fisher":
             return fisher
         if stat == "uncentered":
-            return fisher + get("mean_shift_sq")
+            shift_sq = self._get("mean_shift_sq", name)
+            return fisher if shift_sq is None else fisher + shift_sq
         if stat == "raw":
             kbar_mu_sq = self._get("kbar_mu_sq", name)
-            return fisher + (get("common_sq") if kbar_mu_sq is None else kbar_mu_sq)
-        if stat == "mean_shift":
-            return get("mean_shift")
-        if stat == "common":
-            return get("common")
+            return fisher + (self._get("common_sq", name) if kbar_mu_sq is None else kbar_mu_sq)
         if stat == "rho":
             fisher_p = self._get("fisher_p", name)
             fisher_p = fisher if fisher_p is None else fisher_p
-            common_sq = get("common_sq")
+            common_sq = self._get("common_sq", name)
             return _safe_ratio(common_sq, fisher_p + common_sq)
-        if stat == "policy_grad":
-            return get("policy_grad")
-        if stat == "bound":
-            return get("bound")
-        raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
+        return self.sums[stat][name]  # mean_shift, common, policy_grad, bound
 
     def iter_stat(self, stat: str) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.names:

@@ -13,17 +13,32 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from workers.fisher.concentration import NAMED_FRACTIONS, concentration_curve, histogram, thresholds
+from workers.fisher.concentration import (
+    NAMED_FRACTIONS,
+    Histogram,
+    collect_bins,
+    concentration_curve,
+    histogram,
+    merge,
+    plan_thresholds,
+    thresholds,
+)
 from workers.fisher.response import PositionRecord, SequenceAnalysis
 from workers.fisher.sampler import entropy
-from workers.fisher.stats import MomentSums
+from workers.fisher.stats import SIGNED_STATS, MomentSums
 
 Decode = Callable[[int], str]
 TOP_TOKENS = 20
 TOP_COORDINATES = 50
 KIND_PATTERNS = (
-    ("q", r"q_proj"), ("k", r"k_proj"), ("v", r"v_proj"), ("o", r"o_proj"),
-    ("gate", r"gate_proj"), ("up", r"up_proj"), ("down", r"down_proj"), ("norm", r"norm"),
+    ("q", r"q_proj"),
+    ("k", r"k_proj"),
+    ("v", r"v_proj"),
+    ("o", r"o_proj"),
+    ("gate", r"gate_proj"),
+    ("up", r"up_proj"),
+    ("down", r"down_proj"),
+    ("norm", r"norm"),
 )
 
 
@@ -67,11 +82,13 @@ def position_summary(record: PositionRecord, index: int, decode: Decode, reward:
         kept = float(row_fisher[inside].sum())
         outside_mass = float(mu.sum() - mu[inside].sum())
         denom = 1 - float(mu.square().sum())
-        bounds.append({
-            "top_tokens": m,
-            "share_outside": (1 - kept / (h_sq * denom)) if denom > 0 and h_sq > 0 else 0.0,
-            "bound": outside_mass / denom if denom > 0 else 0.0,
-        })
+        bounds.append(
+            {
+                "top_tokens": m,
+                "share_outside": (1 - kept / (h_sq * denom)) if denom > 0 and h_sq > 0 else 0.0,
+                "bound": outside_mass / denom if denom > 0 else 0.0,
+            }
+        )
     target = None
     chi2 = None
     if record.target_id is not None:
@@ -85,8 +102,12 @@ def position_summary(record: PositionRecord, index: int, decode: Decode, reward:
         "target": target,
         "p": {
             "top": [
-                {**_token(decode, a), "p": float(p[a]), "mu": float(mu[a]),
-                 "reward": float(reward[a]) if reward is not None else 0.0}
+                {
+                    **_token(decode, a),
+                    "p": float(p[a]),
+                    "mu": float(mu[a]),
+                    "reward": float(reward[a]) if reward is not None else 0.0,
+                }
                 for a in top
             ],
             **distribution_summary(p),
@@ -105,35 +126,61 @@ def position_summary(record: PositionRecord, index: int, decode: Decode, reward:
             "h_norm_sq": h_sq,
             "total": total,
             "rows": [
-                {**_token(decode, c), "mu": float(mu[c]), "fisher": float(row_fisher[c]),
-                 "share": float(row_fisher[c]) / total if total > 0 else 0.0}
+                {
+                    **_token(decode, c),
+                    "mu": float(mu[c]),
+                    "fisher": float(row_fisher[c]),
+                    "share": float(row_fisher[c]) / total if total > 0 else 0.0,
+                }
                 for c in top_rows
             ],
             "concentration_bound": bounds,
         },
         "totals": record.moments_totals,
-        "reward": None if record.reward_mean is None else {"mean": record.reward_mean, "std": record.reward_std},
+        "reward": None
+        if record.reward_mean is None
+        else {"mean": record.reward_mean, "std": record.reward_std},
         "chi2": chi2,
         "directions": record.directions,
         "kept_share": record.kept_share,
     }
 
 
-TOTAL_KEYS = ("fisher", "uncentered", "raw", "mean_shift_sq", "common_sq", "policy_grad_sq", "bound", "rho_mean")
+TOTAL_KEYS = (
+    "fisher",
+    "uncentered",
+    "raw",
+    "mean_shift_sq",
+    "common_sq",
+    "policy_grad_sq",
+    "bound",
+    "rho_mean",
+)
 
 
 def tensor_totals(sums: MomentSums, name: str) -> dict[str, float]:
+    """Sums of the non-negative stats, sums of squares of the signed ones, the mean of rho."""
+    fisher = float(sums.stat("fisher", name).sum())
+
+    def total(stat: str, squared: bool = False) -> float:
+        if sums.identically_zero(stat):
+            return 0.0
+        if sums.alias(stat) == "fisher":
+            return fisher
+        value = sums.stat(stat, name)
+        return float(value.square().sum() if squared else value.sum())
+
     totals = {
-        "fisher": float(sums.stat("fisher", name).sum()),
-        "uncentered": float(sums.stat("uncentered", name).sum()),
-        "raw": float(sums.stat("raw", name).sum()),
-        "mean_shift_sq": float(sums.stat("mean_shift", name).square().sum()),
-        "common_sq": float(sums.stat("common", name).square().sum()),
+        "fisher": fisher,
+        "uncentered": total("uncentered"),
+        "raw": total("raw"),
+        "mean_shift_sq": total("mean_shift", squared=True),
+        "common_sq": total("common", squared=True),
         "rho_mean": float(sums.stat("rho", name).mean()),
     }
     if sums.has_reward:
-        totals["policy_grad_sq"] = float(sums.stat("policy_grad", name).square().sum())
-        totals["bound"] = float(sums.stat("bound", name).sum())
+        totals["policy_grad_sq"] = total("policy_grad", squared=True)
+        totals["bound"] = total("bound")
     return totals
 
 
@@ -153,56 +200,89 @@ def _magnitude(sums: MomentSums, stat: str) -> Callable[[], Iterator[torch.Tenso
     def chunks() -> Iterator[torch.Tensor]:
         for _, value in sums.iter_stat(stat):
             yield value.abs() if stat == "policy_grad" else value
+
     return chunks
 
 
-def model_summary(sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...]) -> dict:
+def _shares(hist: Histogram, named: list) -> dict[str, float]:
+    return {
+        f"{q:g}": (t.top_sum / hist.total if hist.total > 0 else 0.0)
+        for q, t in zip(NAMED_FRACTIONS, named, strict=True)
+    }
+
+
+def _curve(hist: Histogram, named: list) -> dict:
+    qs, curve = concentration_curve(hist)
+    return {
+        "q": qs,
+        "share": curve,
+        "at": _shares(hist, named),
+        "thresholds": {f"{q:g}": t.value for q, t in zip(NAMED_FRACTIONS, named, strict=True)},
+    }
+
+
+def model_summary(
+    sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...]
+) -> dict:
     """Totals per tensor / layer / kind, concentration, top coordinates, top-q overlap."""
     tensors, layers, kinds = [], {}, {}
     model_totals: dict[str, float] = {}
-    fisher_hists = []
+    fisher_hists = {}
     for name in sums.names:
         totals = tensor_totals(sums, name)
         numel = math.prod(sums.shapes[name])
-        fisher = sums.stat("fisher", name)
-        hist = histogram([fisher])
-        fisher_hists.append(hist)
-        shares = thresholds(hist, lambda f=fisher: iter([f]), NAMED_FRACTIONS)
+        fisher_hists[name] = histogram([sums.stat("fisher", name)])
         kind = module_kind(name, head_name, embedding_name)
         layer = layer_of(name, embedding_name)
-        tensors.append({
-            "name": name, "layer": layer, "kind": kind, "shape": list(sums.shapes[name]), "numel": numel,
-            "totals": totals,
-            "concentration": {"fisher": {
-                f"{q:g}": (s.top_sum / hist.total if hist.total > 0 else 0.0)
-                for q, s in zip(NAMED_FRACTIONS, shares, strict=True)
-            }},
-        })
+        tensors.append(
+            {
+                "name": name,
+                "layer": layer,
+                "kind": kind,
+                "shape": list(sums.shapes[name]),
+                "numel": numel,
+                "totals": totals,
+            }
+        )
         for table, key in ((layers, layer), (kinds, kind)):
             entry = table.setdefault(key, {"numel": 0, "totals": {}})
             entry["numel"] += numel
             _add_totals(entry["totals"], totals, numel)
         _add_totals(model_totals, totals, numel)
-    n_total = sum(t["numel"] for t in tensors)
-    concentration = {}
+    # one more pass over the Fisher gives the exact named shares per tensor and over the model
+    fisher_hist = merge(fisher_hists.values())
+    model_plan = plan_thresholds(fisher_hist, NAMED_FRACTIONS)
+    model_members: dict[int, list[torch.Tensor]] = {}
+    for entry in tensors:
+        name = entry["name"]
+        plan = plan_thresholds(fisher_hists[name], NAMED_FRACTIONS)
+        members: dict[int, list[torch.Tensor]] = {}
+        fisher = sums.stat("fisher", name)
+        index = collect_bins(fisher, plan.bins, members) if plan.bins else None
+        collect_bins(fisher, model_plan.bins, model_members, index)
+        entry["concentration"] = {"fisher": _shares(fisher_hists[name], plan.finish(members))}
+    concentration = {"fisher": _curve(fisher_hist, model_plan.finish(model_members))}
     for stat in curve_stats:
+        if stat in concentration:
+            continue
+        if sums.alias(stat) in concentration:
+            concentration[stat] = concentration[sums.alias(stat)]
+            continue
         chunks = _magnitude(sums, stat)
         hist = histogram(chunks())
-        qs, curve = concentration_curve(hist)
-        named = thresholds(hist, chunks, NAMED_FRACTIONS)
-        concentration[stat] = {
-            "q": qs, "share": curve,
-            "at": {f"{q:g}": (t.top_sum / hist.total if hist.total > 0 else 0.0)
-                   for q, t in zip(NAMED_FRACTIONS, named, strict=True)},
-            "thresholds": {f"{q:g}": t.value for q, t in zip(NAMED_FRACTIONS, named, strict=True)},
-        }
+        concentration[stat] = _curve(hist, thresholds(hist, chunks, NAMED_FRACTIONS))
+    n_total = sum(t["numel"] for t in tensors)
     return {
         "totals": _normalize_rho(model_totals, n_total),
         "tensors": tensors,
-        "layers": [{"layer": k, "numel": v["numel"], "totals": _normalize_rho(v["totals"], v["numel"])}
-                   for k, v in layers.items()],
-        "kinds": [{"kind": k, "numel": v["numel"], "totals": _normalize_rho(v["totals"], v["numel"])}
-                  for k, v in kinds.items()],
+        "layers": [
+            {"layer": k, "numel": v["numel"], "totals": _normalize_rho(v["totals"], v["numel"])}
+            for k, v in layers.items()
+        ],
+        "kinds": [
+            {"kind": k, "numel": v["numel"], "totals": _normalize_rho(v["totals"], v["numel"])}
+            for k, v in kinds.items()
+        ],
         "concentration": concentration,
         "top_coordinates": top_coordinates(sums),
         "overlap": overlap(sums, concentration) if sums.has_reward else None,
@@ -210,13 +290,20 @@ def model_summary(sums: MomentSums, head_name: str, embedding_name: str, curve_s
 
 
 def top_coordinates(sums: MomentSums, k: int = TOP_COORDINATES) -> dict[str, list[dict]]:
+    """The k largest coordinates of each stat over the whole model (by magnitude for signed stats)."""
     stats = ["fisher", "uncentered", "raw", "mean_shift"] + (["policy_grad"] if sums.has_reward else [])
-    out = {}
+    out: dict[str, list[dict]] = {}
     for stat in stats:
+        if sums.identically_zero(stat):
+            out[stat] = []
+            continue
+        if sums.alias(stat) in out:
+            out[stat] = out[sums.alias(stat)]
+            continue
         candidates = []
         for name, value in sums.iter_stat(stat):
             flat = value.reshape(-1)
-            magnitude = flat.abs() if stat in ("policy_grad", "mean_shift") else flat
+            magnitude = flat.abs() if stat in SIGNED_STATS else flat
             top = torch.topk(magnitude, min(k, flat.numel()))
             for idx in top.indices.tolist():
                 candidates.append((float(magnitude[idx]), name, idx, float(flat[idx])))
@@ -290,8 +377,11 @@ def response_summary(analysis: SequenceAnalysis, decode: Decode) -> dict | None:
             shift = analysis.sums.stat("mean_shift", name)
             worst = max(worst, float((shift.to(torch.float64) - grad.to(torch.float64)).abs().max()))
             scale = max(scale, float(grad.abs().max()))
-        out["sft_identity"] = {"max_abs_error": worst, "max_abs_gradient": scale,
-                               "relative_error": worst / scale if scale > 0 else 0.0}
+        out["sft_identity"] = {
+            "max_abs_error": worst,
+            "max_abs_gradient": scale,
+            "relative_error": worst / scale if scale > 0 else 0.0,
+        }
     return out
 
 
