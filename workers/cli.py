@@ -227,10 +227,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     job = normalize(create, codec, info, settings.limits())
-    cost = estimate_cost(info, job, flops_per_second=settings.flops_per_second)
+    from workers.engine import measured_flops_per_second
+
+    # seconds on the device at hand: the float32 matmul rate measured now, not a configured guess
+    rate = measured_flops_per_second()
+    cost = estimate_cost(info, job, flops_per_second=rate)
     print(
         f"estimated cost: {cost.flops / 1e12:.3g} TFLOP, {cost.directions} directions, "
-        f"~{cost.seconds:.3g} s{' (upper bound)' if cost.upper_bound else ''}"
+        f"~{cost.seconds:.3g} s at {rate / 1e9:.0f} GFLOP/s{' (upper bound)' if cost.upper_bound else ''}"
     )
     if args.max_cost_tflop is not None and cost.flops > args.max_cost_tflop * 1e12:
         offers = ", ".join(cheaper_methods(info, job, args.max_cost_tflop * 1e12)) or "none"

@@ -8,6 +8,7 @@ worker, so a model is loaded once per process rather than once per job.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import threading
@@ -49,8 +50,19 @@ class LoadedModel:
     _bf16_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def decode_token(self, token_id: int) -> str:
-        """The text of one token as it appears in the decoded string (e.g. ``" coffee"``)."""
-        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+        """The text of one token as it appears in the decoded string (e.g. ``" coffee"``).
+
+        A byte-level token that holds part of a UTF-8 character decodes to U+FFFD on its own; many
+        tokens would then look alike, so those show their bytes instead (``" \\xe2\\x80"``).
+        """
+        text = self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            return text
+        piece = self.tokenizer.id_to_token(int(token_id)) or ""
+        decoder = _byte_decoder()
+        if not piece or any(ch not in decoder for ch in piece):
+            return text
+        return bytes(decoder[ch] for ch in piece).decode("utf-8", errors="backslashreplace")
 
     def bf16(self) -> PreTrainedModel:
         """The same weights in bfloat16: the inference engine of the training-inference mismatch.
@@ -61,6 +73,24 @@ class LoadedModel:
             if self._bf16 is None:
                 self._bf16 = copy.deepcopy(self.model).bfloat16().eval()
             return self._bf16
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table, used by byte-level BPE vocabularies."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    codes = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
 def load_model(id_or_path: str, device: str = "cpu", fetch: bool = False) -> LoadedModel:
