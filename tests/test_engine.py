@@ -1,0 +1,128 @@
+"""The engine glue on the shipped tiny-random model: summaries, progress, pooled views, files."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from backend.schemas import STATS, AnalysisJob, JobSampler
+from workers.engine import run_analysis
+
+
+def _job(loaded, prefix="She drank a cup of", continuation="", **kwargs) -> AnalysisJob:
+    ids = loaded.tokenizer.encode(prefix).ids
+    cont = loaded.tokenizer.encode(continuation, add_special_tokens=False).ids if continuation else []
+    return AnalysisJob(
+        model=loaded.id, weights_digest=loaded.info.digest, input_ids=ids, continuation_ids=cont, **kwargs
+    )
+
+
+def _token(loaded, text: str) -> int:
+    (token,) = loaded.tokenizer.encode(text, add_special_tokens=False).ids
+    return token
+
+
+def test_progress_is_monotone_and_complete(tiny_random):
+    seen: list[tuple[str, float]] = []
+    run_analysis(tiny_random, _job(tiny_random), lambda stage, fraction: seen.append((stage, fraction)))
+    fractions = [f for _, f in seen]
+    assert fractions == sorted(fractions)
+    assert fractions[-1] == 1.0
+    assert [s for s, _ in seen][0] == "forward" and {"directions", "summary"} <= {s for s, _ in seen}
+
+
+def test_summary_numbers_agree_with_the_arrays(tiny_random):
+    reward = {str(_token(tiny_random, " tea")): 1.0, str(_token(tiny_random, " coffee")): -1.0}
+    analysis = run_analysis(
+        tiny_random, _job(tiny_random, sampler=JobSampler(temperature=0.7), reward=reward)
+    )
+    summary = analysis.summary
+    for stat in ("fisher", "uncentered", "raw"):
+        arrays = analysis.per_parameter(stat)
+        assert summary["totals"][stat] == pytest.approx(
+            sum(float(v.double().sum()) for v in arrays.values()), rel=1e-5
+        )
+        for entry in summary["tensors"]:
+            assert entry["totals"][stat] == pytest.approx(
+                float(arrays[entry["name"]].double().sum()), rel=1e-5, abs=1e-9
+            )
+    assert sum(k["numel"] for k in summary["kinds"]) == tiny_random.info.n_params
+    assert {t["name"] for t in summary["tensors"]} == {n for n, _ in tiny_random.model.named_parameters()}
+    # the top coordinate really is the largest Fisher value
+    top = summary["top_coordinates"]["fisher"][0]
+    fisher = analysis.per_parameter("fisher")
+    assert top["value"] == pytest.approx(max(float(v.max()) for v in fisher.values()))
+    assert float(fisher[top["tensor"]][tuple(top["index"])]) == pytest.approx(top["value"])
+    # concentration: the named shares are exact top-k sums
+    flat = torch.cat([v.reshape(-1).double() for v in fisher.values()])
+    k = math.ceil(0.01 * flat.numel())
+    assert summary["concentration"]["fisher"]["at"]["0.01"] == pytest.approx(
+        float(torch.topk(flat, k).values.sum() / flat.sum()), rel=1e-5
+    )
+    overlap = summary["overlap"]
+    assert overlap["baseline"] == overlap["q"] and all(0 <= v <= 1 for v in overlap["fisher_vs_policy_grad"])
+    position = summary["positions"][0]
+    assert position["reward"]["std"] > 0
+    assert position["spectrum"]["numerical_rank"] <= position["spectrum"]["rank_bound"]
+    assert summary["totals"]["mean_shift_sq"] > 0  # temperature 0.7 is off-policy
+
+
+def test_pooled_views_add_up_to_tensor_totals(tiny_random):
+    analysis = run_analysis(tiny_random, _job(tiny_random))
+    pooled = analysis.pooled(max_rows=16, max_cols=8)
+    totals = {t["name"]: t["totals"] for t in analysis.summary["tensors"]}
+    for name, view in pooled["fisher"].items():
+        assert view["shape"][0] <= 16 and view["shape"][1] <= 8
+        assert float(view["values"].sum()) == pytest.approx(totals[name]["fisher"], rel=1e-5, abs=1e-9)
+    assert pooled["uncentered"] is pooled["fisher"]  # on-policy: equal by construction, shared
+    assert all(float(v["values"].sum()) == 0 for v in pooled["mean_shift"].values())
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [JobSampler(engine="bf16"), JobSampler(kind="uniform"), JobSampler(kind="data"), JobSampler(top_p=0.5)],
+    ids=["bf16", "uniform", "data", "top_p"],
+)
+def test_every_sampler_along_a_response(tiny_random, sampler, tmp_path):
+    job = _job(tiny_random, prefix="She drank", continuation=" a cup of tea", sampler=sampler)
+    analysis = run_analysis(tiny_random, job)
+    response = analysis.summary["response"]
+    assert response["T"] == len(job.continuation_ids) == len(analysis.summary["positions"])
+    assert response["fisher_running"][-1] == pytest.approx(sum(response["fisher_total"]))
+    for chi2, p in zip(response["chi2"], response["p_target"], strict=True):
+        assert chi2 == pytest.approx(1 / p - 1)
+    if sampler.kind == "data":
+        assert response["sft_identity"]["relative_error"] < 1e-4
+        assert analysis.summary["totals"]["fisher"] == 0.0  # one-hot mu: nothing varies
+    path = tmp_path / "arrays.safetensors"
+    analysis.save(path)
+    arrays = load_file(str(path))
+    names = dict(tiny_random.model.named_parameters())
+    for stat in STATS:
+        for name, param in names.items():
+            assert arrays[f"{stat}/{name}"].shape == param.shape
+            assert arrays[f"{stat}/{name}"].dtype == torch.float32
+    assert arrays["input_ids"].tolist() == job.input_ids
+    assert arrays["continuation_ids"].tolist() == job.continuation_ids
+
+
+def test_bf16_engine_shifts_the_mean(tiny_random):
+    analysis = run_analysis(tiny_random, _job(tiny_random, sampler=JobSampler(engine="bf16")))
+    position = analysis.summary["positions"][0]
+    gaps = [abs(t["p"] - t["mu"]) for t in position["p"]["top"]]
+    assert max(gaps) > 0  # bf16 logits differ from float32 ones
+    assert analysis.summary["totals"]["mean_shift_sq"] > 0
+    assert analysis.summary["totals"]["uncentered"] == pytest.approx(
+        analysis.summary["totals"]["fisher"] + analysis.summary["totals"]["mean_shift_sq"], rel=1e-6
+    )
+
+
+def test_truncated_and_monte_carlo_report_their_method(tiny_random):
+    truncated = run_analysis(tiny_random, _job(tiny_random, method="truncated:0.5")).summary["method"]
+    assert truncated["name"] == "truncated" and 0.5 <= truncated["kept_share"] < 1
+    assert truncated["directions"] < tiny_random.info.d_model and truncated["missing_estimate"] > 0
+    mc = run_analysis(tiny_random, _job(tiny_random, method="mc:32")).summary["method"]
+    assert mc["name"] == "mc" and mc["samples"] == 32 and mc["directions"] == 32
