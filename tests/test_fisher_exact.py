@@ -46,8 +46,11 @@ def _reward(vocab: int) -> torch.Tensor:
     return reward
 
 
-def _fast_stats(model, ids, p, mu, reward, on_policy, method: Method | None = None) -> MomentSums:
-    moments = position_moments(model, PositionInputs(ids, p, mu, reward, on_policy), method or Method())
+def _fast_stats(
+    model, ids, p, mu, reward, on_policy, method: Method | None = None, memory_budget_bytes: int = 1 << 30
+) -> MomentSums:
+    inputs = PositionInputs(ids, p, mu, reward, on_policy)
+    moments = position_moments(model, inputs, method or Method(), memory_budget_bytes=memory_budget_bytes)
     names = [n for n, _ in model.named_parameters()]
     shapes = {n: tuple(t.shape) for n, t in model.named_parameters()}
     sums = MomentSums(names, shapes)
@@ -90,6 +93,19 @@ def test_every_stat_matches_brute_force(model, prefix):
 def _weighted_second_moment(kappa: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """E_p[kappa^2] per coordinate: rho's denominator."""
     return torch.tensordot(p, kappa.square(), dims=1)
+
+
+def test_one_direction_per_chunk_and_direct_squares_agree(model):
+    """A budget of one byte forces chunks of one direction and the direct (non-ghost) squares."""
+    ids = torch.tensor(PREFIXES["repeated"])
+    logits, kappa = brute_force_logit_sensitivities(model, ids)
+    p = torch.softmax(logits, -1)
+    mu = warped_distribution(logits, 0.8, 7, 1.0)
+    reference = brute_force_moments(kappa, p, mu, _reward(logits.numel()))
+    fast = _fast_stats(model, ids, p, mu, _reward(logits.numel()), False, memory_budget_bytes=1)
+    for stat in ("fisher", "uncentered", "raw", "mean_shift", "policy_grad", "bound"):
+        for name in kappa:
+            torch.testing.assert_close(fast.stat(stat, name), reference[stat][name], rtol=1e-9, atol=1e-11)
 
 
 def test_response_sums_match_per_position_brute_force(model):

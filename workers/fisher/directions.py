@@ -162,7 +162,7 @@ class _SquareAccumulator:
 
 def _chunk_size(capture: CapturedForward, length: int, memory_budget_bytes: int) -> int:
     width = sum(int(m.output.shape[-1]) for m in capture.modules)
-    per_direction = length * width * capture.hidden.element_size() * 6  # grads + backward temporaries
+    per_direction = length * width * capture.hidden.element_size() * 4  # grads + backward temporaries
     return max(1, min(256, memory_budget_bytes // max(per_direction, 1)))
 
 
@@ -267,12 +267,13 @@ def _fold_chunk(
 ) -> None:
     kinds = [kind for kind, _, _ in rows]
     for g, acc in enumerate(accumulators):
-        local = [b for b, (kind, gi, _) in enumerate(rows) if kind == "square" and gi == g]
-        if not local:
+        # a group's rows are one contiguous range: slice it (a view) rather than gather a copy
+        lo = max(square_offsets[g], start)
+        hi = min(square_offsets[g] + len(square_weights[g]), start + len(rows))
+        if lo >= hi:
             continue
-        sel = torch.tensor(local)
-        global_rows = sel + start - square_offsets[g]
-        acc.add(index, module, delta[sel], square_weights[g][global_rows])
+        weights = square_weights[g][lo - square_offsets[g] : hi - square_offsets[g]]
+        acc.add(index, module, delta[lo - start : hi - start], weights)
     if "linear" in kinds:
         local = [b for b, (kind, _, _) in enumerate(rows) if kind == "linear"]
         grads = _per_direction_gradients(module, delta[torch.tensor(local)])
