@@ -64,9 +64,15 @@ class ApiClient:
     def pooled(
         self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64
     ) -> dict[str, Any]:
-        """Block sums of one tensor's statistic: {shape, row_edges, col_edges, values}."""
+        """Block sums of one tensor's statistic: {shape, row_edges, col_edges, values}.
+
+        The API answers a `TensorView` {tensor, stat, view}; the pooled view is its `view`.
+        """
         path = f"/analyses/{quote(analysis_id, safe='')}/tensors/{quote(tensor, safe='')}"
-        return self.request("GET", path, params={"stat": stat, "rows": rows, "cols": cols}).json()
+        body = self.request("GET", path, params={"stat": stat, "rows": rows, "cols": cols}).json()
+        if not isinstance(body, dict) or not isinstance(body.get("view"), dict):
+            raise ApiError(f"the API's view of {tensor} has no pooled values")
+        return body["view"]
 
     def models(self) -> list[dict[str, Any]]:
         body = self.request("GET", "/models").json()
@@ -76,6 +82,31 @@ class ApiClient:
         """How a text splits into tokens: [{id, text}, ...]."""
         body = self.request("GET", "/tokenize", params={"model": model, "text": text}).json()
         return body["tokens"] if isinstance(body, dict) else body
+
+    def stats(self) -> dict[str, int]:
+        """Service counters, e.g. {"engine_runs": n}: how often the engine actually computed."""
+        return self.request("GET", "/stats").json()
+
+    def arrays_status(self, analysis_id: str) -> dict[str, Any]:
+        """Ask for the safetensors file without downloading it: {"ready": bool, "bytes": n | None, ...}.
+
+        The first ask starts the export on the worker; the API answers 202 (JSON) until the file exists,
+        then streams it; the stream is closed unread here, the browser downloads it from `arrays_url`.
+        """
+        path = API_PREFIX + f"/analyses/{quote(analysis_id, safe='')}/safetensors"
+        try:
+            with self.http.stream("GET", path) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(readable_detail(response))
+                if response.status_code == 200:
+                    size = response.headers.get("content-length")
+                    return {"ready": True, "bytes": int(size) if size and size.isdigit() else None}
+                response.read()
+                body = response.json()
+        except httpx.HTTPError as error:
+            raise ApiError(f"the API at {self.base_url} did not answer ({type(error).__name__})") from error
+        return {"ready": False, "bytes": None, "status": body.get("status"), "stage": body.get("stage")}
 
     def arrays_url(self, analysis_id: str) -> str:
         """Where the browser downloads the full per-parameter arrays (safetensors; 202 JSON until written)."""

@@ -283,36 +283,75 @@ def register_view_callbacks(app: dash.Dash, api: ApiClient, public: ApiClient) -
         )
 
     @app.callback(
-        Output("next-token-graph", "figure"),
+        Output("layer-graph", "figure"),
         Output("kind-graph", "figure"),
         Output("top-coordinates", "children"),
-        Output("heatmap-tensor", "options"),
+        Output("response-graph", "figure"),
         Output("candidate-chips", "children"),
+        Output("explorer-position", "options"),
+        Output("explorer-position", "value"),
         Input("summary", "data"),
         Input("centering", "value"),
+        State("explorer-position", "value"),
     )
-    def render_explorer(summary: dict | None, centering: str | None):
+    def render_explorer(summary: dict | None, centering: str | None, position: int | None):
         if not summary:
             empty = figures.message_figure("No analysis yet.")
-            return empty, empty, [], [], []
+            return empty, empty, [], empty, [], [], 0
         centering = centering or "on"
-        options = [tensor["name"] for tensor in summary["tensors"] if len(tensor["shape"]) == 2]
-        candidates = [
-            html.Button(
-                figures.token_label(token["text"]),
-                id={"type": "candidate", "token": token["text"]},
-                className="chip candidate",
-                title=f"p = {token['p']:.3g}: click to reward",
-            )
-            for token in summary["positions"][0]["p"]["top"][:12]
-        ]
+        positions = position_options(summary)
+        keep = position if isinstance(position, int) and 0 <= position < len(positions) else 0
         return (
-            figures.next_token(summary),
+            figures.layer_mass(summary, centering),
             figures.kind_mass(summary, centering),
             top_coordinates_table(summary, figures.stat_for_centering(centering)),
-            options,
-            candidates,
+            figures.response_view(summary, centering),
+            candidate_chips(summary),
+            positions,
+            keep,
         )
+
+    @app.callback(
+        Output("next-token-graph", "figure"),
+        Output("spectrum-graph", "figure"),
+        Input("summary", "data"),
+        Input("explorer-position", "value"),
+    )
+    def render_position(summary: dict | None, position: int | None):
+        if not summary:
+            empty = figures.message_figure("No analysis yet.")
+            return empty, empty
+        index = position if isinstance(position, int) and 0 <= position < len(summary["positions"]) else 0
+        return figures.next_token(summary, index), figures.spectrum(summary, index)
+
+    @app.callback(
+        Output("heatmap-tensor", "options"),
+        Output("heatmap-tensor", "value"),
+        Output("heatmap-scope", "children"),
+        Input("summary", "data"),
+        Input("layer-graph", "clickData"),
+        Input("slide-graph", "clickData"),
+        State("centering", "value"),
+    )
+    def choose_matrix(summary: dict | None, layer_click: dict | None, slide_click: dict | None, centering):
+        if not summary:
+            return [], None, ""
+        stat = figures.stat_for_centering(centering or "on")
+        everything = [tensor["name"] for tensor in summary["tensors"]]
+        if ctx.triggered_id == "layer-graph" and layer_click:
+            layer = str(layer_click["points"][0]["customdata"][0])
+            names = figures.tensors_of_layer(summary, layer, stat)
+            scope = f"layer {figures.layer_label(int(layer) if layer.isdigit() else layer)}: "
+            count = "1 tensor" if len(names) == 1 else f"{len(names)} tensors, largest {stat} first"
+            return names, names[0] if names else None, scope + count
+        if ctx.triggered_id == "slide-graph" and slide_click:
+            name = slide_click["points"][0].get("customdata")
+            if isinstance(name, str) and name in everything:
+                layer = next(str(t["layer"]) for t in summary["tensors"] if t["name"] == name)
+                names = figures.tensors_of_layer(summary, layer, stat)
+                return names, name, f"opened from slide 3: {name}"
+        largest = max(summary["tensors"], key=lambda tensor: tensor["totals"].get(stat, 0.0))["name"]
+        return everything, largest, f"all {len(everything)} tensors; opened: the largest {stat}, {largest}"
 
     @app.callback(
         Output("heatmap-graph", "figure"),
@@ -322,7 +361,7 @@ def register_view_callbacks(app: dash.Dash, api: ApiClient, public: ApiClient) -
     )
     def render_heatmap(tensor: str | None, centering: str | None, analysis_id: str | None):
         if not tensor or not analysis_id:
-            return figures.message_figure("Pick a matrix to see where its Fisher sits.")
+            return figures.message_figure("Pick a matrix, or click a layer bar, to see where its mass sits.")
         stat = figures.stat_for_centering(centering or "on")
         try:
             return figures.heatmap(api.pooled(analysis_id, tensor, stat), tensor, stat)
@@ -340,16 +379,86 @@ def register_view_callbacks(app: dash.Dash, api: ApiClient, public: ApiClient) -
             raise PreventUpdate
         return {"content": figures.tensor_totals_csv(summary), "filename": "fisherscope_tensor_totals.csv"}
 
-    @app.callback(Output("arrays-link", "href"), Input("analysis-id", "data"))
-    def arrays_link(analysis_id: str | None):
-        return public.arrays_url(analysis_id) if analysis_id else ""
+    @app.callback(
+        Output("arrays-status", "children"),
+        Output("arrays-link", "href"),
+        Output("arrays-link", "style"),
+        Output("arrays-poll", "disabled"),
+        Output("arrays-started", "data"),
+        Input("arrays-prepare", "n_clicks"),
+        Input("arrays-poll", "n_intervals"),
+        Input("analysis-id", "data"),
+        State("arrays-started", "data"),
+        State("summary", "data"),
+    )
+    def prepare_arrays(_clicks, _ticks, analysis_id: str | None, started: float | None, summary: dict | None):
+        hidden = {"display": "none"}
+        if ctx.triggered_id in (None, "analysis-id") or not analysis_id:
+            return "", "", hidden, True, None
+        if not summary:
+            return "run an analysis first", "", hidden, True, None
+        started = started or time.time()
+        try:
+            answer = api.arrays_status(analysis_id)
+        except ApiError as error:
+            return f"could not prepare the arrays: {error}", "", hidden, True, None
+        if answer["ready"]:
+            size = f" ({answer['bytes'] / 1e6:.1f} MB)" if answer.get("bytes") else ""
+            return f"ready{size}", public.arrays_url(analysis_id), {}, True, None
+        return f"preparing the arrays… {time.time() - started:.0f} s", "", hidden, False, started
 
 
-def top_coordinates_table(summary: dict, stat: str, limit: int = 15) -> html.Table:
+def position_options(summary: dict) -> list[dict[str, Any]]:
+    """One option per analysed position: the prefix's next token, then each response token."""
+    continuation = summary["tokens"].get("continuation") or []
+    options = []
+    for index, position in enumerate(summary["positions"]):
+        target = position.get("target") or (continuation[index] if index < len(continuation) else None)
+        what = f"predicting {figures.token_label(target['text'])}" if target else "the next token"
+        options.append(
+            {"label": f"{index + 1}: after {position['context_length']} tokens, {what}", "value": index}
+        )
+    return options
+
+
+def candidate_chips(summary: dict) -> list[Any]:
+    """The likeliest next tokens as buttons that toggle their reward; `#id` where the text is ambiguous."""
+    top = summary["positions"][0]["p"]["top"][:12]
+    labels = figures.unique_token_labels(top)
+    chips = []
+    for token, label in zip(top, labels, strict=True):
+        key = token["text"] if label == figures.token_label(token["text"]) else f"#{token['id']}"
+        chips.append(
+            html.Button(
+                label,
+                id={"type": "candidate", "token": key},
+                className="chip candidate",
+                title=f"p = {token['p']:.3g}: click to reward",
+            )
+        )
+    return chips
+
+
+def top_coordinates_table(summary: dict, stat: str, limit: int = 15) -> html.Table | html.Div:
+    """The largest single coordinates of the toggle's statistic, with their share of the model total."""
     rows = summary["top_coordinates"].get(stat, [])[:limit]
-    header = html.Tr([html.Th("tensor"), html.Th("index"), html.Th(stat)])
+    if not rows:
+        return html.Div(f"no top coordinates stored for {stat}")
+    if not any(row["value"] for row in rows):
+        return html.Div(f"the {figures.STAT_LABEL.get(stat, stat)} is 0 at every coordinate here")
+    total = summary["totals"].get(stat) or 0.0
+    header = html.Tr(
+        [html.Th("tensor"), html.Th("index [row, col]"), html.Th(stat), html.Th("share of total")]
+    )
     body = [
-        html.Tr([html.Td(row["tensor"]), html.Td(str(row["index"])), html.Td(f"{row['value']:.4g}")])
+        html.Tr(
+            [
+                html.Td(row["tensor"]),
+                html.Td(str(row["index"])),
+                html.Td(f"{row['value']:.4g}"),
+                html.Td(f"{100 * row['value'] / total:.2g}%" if total > 0 else "–"),
+            ]
+        )
         for row in rows
     ]
     return html.Table([header, *body], className="top-table")

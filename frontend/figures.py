@@ -7,6 +7,7 @@ raw), never triggers a recomputation, and every figure can be tested without a b
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -34,6 +35,7 @@ KIND_COLOR = {
     "norm": "#9467bd",
     "head": "#e377c2",
 }
+LOG_TICKS = {"tickformat": ".1~e"}  # 5e+3, 1e+4: no SI prefixes (µ, k) nor bare minor digits on log axes
 LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 50, "b": 50}, "height": 420}
 
 
@@ -49,6 +51,28 @@ def token_label(text: str) -> str:
     return "'" + text.replace("\n", "\\n").replace("\t", "\\t") + "'"
 
 
+def unique_token_labels(tokens: list[dict[str, Any]]) -> list[str]:
+    """Category labels for tokens, one per token: quoted text, plus `#id` where texts collide.
+
+    Plotly merges bars that share a category, so several tokens that decode to the same text (byte
+    pieces shown as U+FFFD, or ' tea' at two positions) would otherwise stack into one bar.
+    """
+    labels = [token_label(str(token["text"])) for token in tokens]
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    unique = []
+    for label, token in zip(labels, tokens, strict=True):
+        needs_id = counts[label] > 1 or "\ufffd" in label
+        unique.append(f"{label} #{token['id']}" if needs_id and "id" in token else label)
+    seen: dict[str, int] = {}
+    for i, label in enumerate(unique):  # same text and same id (or no id): number them
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            unique[i] = f"{label} ({seen[label]})"
+    return unique
+
+
 def message_figure(message: str) -> go.Figure:
     """An empty figure that says why there is nothing to plot (e.g. no continuation was given)."""
     fig = go.Figure()
@@ -57,6 +81,14 @@ def message_figure(message: str) -> go.Figure:
     )
     fig.update_layout(**{**LAYOUT, "height": 300}, xaxis_visible=False, yaxis_visible=False)
     return fig
+
+
+def all_zero_figure(stat: str) -> go.Figure:
+    """What to show when a statistic is 0 for every parameter (the centered Fisher under a one-hot μ)."""
+    return message_figure(
+        f"The {STAT_LABEL[stat]} is 0 for every parameter here<br>"
+        "(μ is one-hot: the data sampler); pick 'uncentered' to see the mean shift."
+    )
 
 
 def layer_label(layer: Any) -> str:
@@ -96,9 +128,11 @@ def concentration_curve(summary: Summary, centering: str) -> go.Figure:
         1,
         2,
     )
-    fig.update_xaxes(type="log", title_text="top share q of coordinates", row=1, col=1)
+    fig.update_xaxes(
+        type="log", title_text="top share q of coordinates (fraction)", **LOG_TICKS, row=1, col=1
+    )
     fig.update_yaxes(title_text="share of total", range=[0, 1.02], row=1, col=1)
-    fig.update_yaxes(title_text=stat, row=1, col=2)
+    fig.update_yaxes(title_text=f"{stat}, summed over the layer", row=1, col=2)
     fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.2})
     return fig
 
@@ -118,6 +152,7 @@ def reward_rows(position: dict[str, Any]) -> list[dict[str, float | str]]:
         fisher = h_norm**2 * mu * (1.0 - mu)
         rows.append(
             {
+                "id": token.get("id", -1),
                 "text": token["text"],
                 "reward": token.get("reward", 0.0),
                 "fisher": fisher,
@@ -141,7 +176,7 @@ def gradient_vs_bound(summary: Summary) -> go.Figure:
             "top-q by Fisher ∩ top-q by |gradient|",
         ),
     )
-    labels = [token_label(str(row["text"])) for row in rows]
+    labels = unique_token_labels(position["p"]["top"][: len(rows)])
     fig.add_trace(
         go.Bar(x=labels, y=[row["bound"] for row in rows], name="bound std(r)·√F", marker_color="#aec7e8"),
         1,
@@ -224,30 +259,87 @@ def per_tensor_stat(summary: Summary, centering: str) -> go.Figure:
     )
     categories = [layer_label(row["layer"]) for row in summary["layers"]]
     fig.update_xaxes(categoryorder="array", categoryarray=categories, row=1, col=1)
-    fig.update_yaxes(type="log", title_text=stat, row=1, col=1)
-    fig.update_yaxes(range=[0, 1], row=1, col=2)
+    fig.update_yaxes(type="log", title_text=f"{stat} of the tensor (log)", **LOG_TICKS, row=1, col=1)
+    fig.update_yaxes(range=[0, 1], title_text="mean ρ over the kind", row=1, col=2)
     fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.2})
     return fig
 
 
-def response_fisher(summary: Summary) -> go.Figure:
-    """Slide 4: Fisher total at each response position and its running sum."""
+RESPONSE_SERIES = {"fisher": "fisher_total", "uncentered": "uncentered_total", "raw": "uncentered_total"}
+
+
+def response_series(summary: Summary, centering: str) -> tuple[str, list[float], list[float]]:
+    """(label, per-position totals, running sum) of the statistic the toggle picks along the response.
+
+    The raw second moment is not kept per position, so `raw` shows the uncentered one and says so.
+    """
+    stat = stat_for_centering(centering)
+    response = summary["response"]
+    per_position = list(response[RESPONSE_SERIES[stat]])
+    running = (
+        list(response["fisher_running"]) if stat == "fisher" else list(itertools.accumulate(per_position))
+    )
+    label = STAT_LABEL["uncentered" if stat == "raw" else stat]
+    if stat == "raw":
+        label += " (raw is not kept per position)"
+    return label, per_position, running
+
+
+def response_fisher(summary: Summary, centering: str = "on") -> go.Figure:
+    """Slide 4: the toggle's statistic at each response position and its running sum."""
     response = summary.get("response")
     if not response:
         return message_figure("Add a continuation to see the Fisher add up along the response.")
+    label, per_position, running = response_series(summary, centering)
+    if max(running, default=0.0) <= 0:
+        return message_figure(
+            "μ is one-hot on y_t (data sampler), so the centered Fisher under μ is 0 at every position;<br>"
+            "pick the uncentered view to see the mean shift², or the model sampler to see the Fisher add up."
+        )
     labels = response_labels(summary)
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=labels, y=response["fisher_total"], name="Fisher at the position"))
-    fig.add_trace(
-        go.Scatter(x=labels, y=response["fisher_running"], name="running sum", mode="lines+markers")
+    fig.add_trace(go.Bar(x=labels, y=per_position, name=f"{label} at the position"))
+    fig.add_trace(go.Scatter(x=labels, y=running, name="running sum", mode="lines+markers"))
+    fig.update_layout(
+        **LAYOUT,
+        yaxis_title=f"{label}, summed over all parameters",
+        xaxis_title="response position t: token y_t predicted",
+        legend={"orientation": "h", "y": -0.25},
     )
-    fig.update_layout(**LAYOUT, yaxis_title="total centered Fisher", xaxis_title="position (token predicted)")
+    return fig
+
+
+def response_view(summary: Summary, centering: str) -> go.Figure:
+    """Explorer: along the response, the toggle's totals and running sum, p(y_t) and chi^2 per position."""
+    response = summary.get("response")
+    if not response:
+        return message_figure("No continuation: add one to see the along-the-response view.")
+    label, per_position, running = response_series(summary, centering)
+    labels = response_labels(summary)
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=(
+            f"{label} per position and running sum",
+            "p(y_t): model probability of the token",
+            "χ²_t = 1/p(y_t) − 1",
+        ),
+    )
+    fig.add_trace(go.Bar(x=labels, y=per_position, name="at the position", marker_color="#1f77b4"), 1, 1)
+    fig.add_trace(go.Scatter(x=labels, y=running, name="running sum", mode="lines+markers"), 1, 1)
+    fig.add_trace(go.Bar(x=labels, y=response["p_target"], name="p(y_t)", marker_color="#2ca02c"), 2, 1)
+    fig.add_trace(go.Bar(x=labels, y=response["chi2"], name="χ²_t", marker_color="#d62728"), 3, 1)
+    fig.update_yaxes(type="log", title_text="p (log)", **LOG_TICKS, row=2, col=1)
+    fig.update_yaxes(type="log", title_text="χ² (log)", **LOG_TICKS, row=3, col=1)
+    fig.update_layout(**{**LAYOUT, "height": 620}, legend={"orientation": "h", "y": -0.12})
     return fig
 
 
 def response_labels(summary: Summary) -> list[str]:
     continuation = summary["tokens"].get("continuation") or []
-    return [f"{t + 1}: {token_label(tok['text'])}" for t, tok in enumerate(continuation)]
+    return [f"{t + 1}: {label}" for t, label in enumerate(unique_token_labels(continuation))]
 
 
 def mean_shift_per_layer(summary: Summary) -> go.Figure:
@@ -274,7 +366,7 @@ def output_rows(summary: Summary) -> go.Figure:
     """Slide 6: per-row share of the output-layer Fisher, ||h||^2 mu (1 - mu), against mu itself."""
     position = summary["positions"][0]
     rows = position["output_layer"]["rows"]
-    labels = [token_label(row["text"]) for row in rows]
+    labels = unique_token_labels(rows)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Bar(x=labels, y=[row["share"] for row in rows], name="share of output-layer Fisher"))
     fig.add_trace(
@@ -295,11 +387,17 @@ def output_rows(summary: Summary) -> go.Figure:
     return fig
 
 
-def spectrum(summary: Summary) -> go.Figure:
-    """Slide 7: eigenvalues of C_mu and of the uncentered matrix, with the numerical rank marked."""
-    spec = summary["positions"][0]["spectrum"]
-    index = list(range(1, len(spec["eigenvalues"]) + 1))
-    floor = max(spec["eigenvalues"][0], 1e-30) * 1e-12
+def spectrum(summary: Summary, position_index: int = 0) -> go.Figure:
+    """Slide 7 and explorer: eigenvalues of C_mu (log scale) and of the uncentered matrix, with the
+    numerical rank and the rank bound n - 1 (n = tokens mu can draw) marked."""
+    spec = summary["positions"][position_index]["spectrum"]
+    eigenvalues = spec["eigenvalues"]
+    if not eigenvalues or max(eigenvalues) <= 0:
+        return message_figure(
+            "C_μ is zero here: μ is one-hot on one token<br>(data sampler), so nothing varies."
+        )
+    index = list(range(1, len(eigenvalues) + 1))
+    floor = max(eigenvalues[0], 1e-30) * 1e-12
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
@@ -311,26 +409,46 @@ def spectrum(summary: Summary) -> go.Figure:
         )
     )
     fig.add_trace(
-        go.Scatter(x=index, y=[max(v, floor) for v in spec["eigenvalues"]], name="centered C_μ", mode="lines")
+        go.Scatter(x=index, y=[max(v, floor) for v in eigenvalues], name="centered C_μ", mode="lines")
     )
     fig.add_vline(
-        x=spec["numerical_rank"],
+        x=max(spec["numerical_rank"], 1),
         line_dash="dash",
         line_color="grey",
         annotation_text=f"numerical rank {spec['numerical_rank']}",
+        annotation_position="top left",
     )
+    bound = spec["rank_bound"]
+    if bound < len(eigenvalues):
+        fig.add_vline(
+            x=max(bound, 1),
+            line_dash="dot",
+            line_color="#d62728",
+            annotation_text=f"rank bound n − 1 = {bound:,}",
+            annotation_position="bottom left",
+        )
+        bound_note = f"rank bound n − 1 = {bound:,} (marked)"
+    else:
+        bound_note = f"rank bound n − 1 = {bound:,} lies beyond d = {len(eigenvalues)}: not binding"
     fig.update_layout(
         **LAYOUT,
-        xaxis_title="eigenvalue index",
-        yaxis_title="eigenvalue",
+        title={"text": f"C_μ spectrum at position {position_index + 1}; {bound_note}", "font": {"size": 13}},
+        xaxis_title="eigenvalue index (1 = largest)",
+        yaxis_title="eigenvalue (log scale)",
         yaxis_type="log",
+        yaxis_tickformat=LOG_TICKS["tickformat"],
         legend={"orientation": "h", "y": -0.2},
     )
     return fig
 
 
+def positive_or_none(values: list[float]) -> list[float | None]:
+    """Zeros cannot sit on a log axis: leave a gap rather than a point at an invented floor."""
+    return [value if value > 0 else None for value in values]
+
+
 def shift_growth(summary: Summary) -> go.Figure:
-    """Slide 8: squared accumulated mean shift against the sum of variances along the response."""
+    """Slide 8: squared accumulated mean shift against the sum of per-position terms along the response."""
     response = summary.get("response")
     if not response:
         return message_figure("Add a continuation to see the mean shift accumulate.")
@@ -340,23 +458,49 @@ def shift_growth(summary: Summary) -> go.Figure:
     fig.add_trace(
         go.Scatter(
             x=labels,
-            y=growth["accumulated_shift_sq"],
-            name="‖Σ_t m(s_t)‖² (uncentered extra)",
+            y=positive_or_none(growth["accumulated_shift_sq"]),
+            name="‖Σ_t m(s_t)‖²: accumulated shift",
             mode="lines+markers",
             line={"color": "#d62728"},
         )
     )
-    fig.add_trace(
-        go.Scatter(
-            x=labels,
-            y=growth["sum_variances"],
-            name="Σ_t Fisher (centered)",
-            mode="lines+markers",
-            line={"color": "#1f77b4"},
+    if "sum_shift_sq" in growth:
+        fig.add_trace(
+            go.Scatter(
+                x=labels,
+                y=positive_or_none(growth["sum_shift_sq"]),
+                name="Σ_t ‖m(s_t)‖²: the shifts one by one",
+                mode="lines+markers",
+                line={"color": "#ff7f0e", "dash": "dot"},
+            )
         )
-    )
+    if max(growth["sum_variances"], default=0.0) > 0:
+        fig.add_trace(
+            go.Scatter(
+                x=labels,
+                y=positive_or_none(growth["sum_variances"]),
+                name="Σ_t Fisher under μ (centered)",
+                mode="lines+markers",
+                line={"color": "#1f77b4"},
+            )
+        )
+    else:
+        fig.add_annotation(
+            text="Σ_t Fisher under μ is 0 (μ one-hot): not drawn on the log axis",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.02,
+            y=0.98,
+            xanchor="left",
+        )
     fig.update_layout(
-        **LAYOUT, yaxis_type="log", xaxis_title="response position", legend={"orientation": "h", "y": -0.2}
+        **LAYOUT,
+        yaxis_type="log",
+        yaxis_tickformat=LOG_TICKS["tickformat"],
+        yaxis_title="summed over all parameters (log)",
+        xaxis_title="response position t: token y_t",
+        legend={"orientation": "h", "y": -0.25},
     )
     return fig
 
@@ -384,7 +528,7 @@ def chi2_growth(summary: Summary) -> go.Figure:
         ),
         secondary_y=True,
     )
-    fig.update_yaxes(title_text="χ² per position", type="log", secondary_y=False)
+    fig.update_yaxes(title_text="χ² per position (log)", type="log", **LOG_TICKS, secondary_y=False)
     fig.update_yaxes(title_text="log(1 + χ²(D‖π))", secondary_y=True)
     fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.25})
     return fig
@@ -395,7 +539,7 @@ def engine_shift_rows(summary: Summary) -> go.Figure:
     position = summary["positions"][0]
     h_norm_sq = position["output_layer"]["h_norm_sq"]
     top = position["p"]["top"]
-    labels = [token_label(tok["text"]) for tok in top]
+    labels = unique_token_labels(top)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(
         go.Bar(
@@ -421,11 +565,22 @@ def engine_shift_rows(summary: Summary) -> go.Figure:
 def next_token(summary: Summary, position_index: int = 0) -> go.Figure:
     """Explorer: the model's p against the sampler's mu for the top next tokens."""
     top = summary["positions"][position_index]["p"]["top"]
-    labels = [token_label(tok["text"]) for tok in top]
+    labels = unique_token_labels(top)
     fig = go.Figure()
     fig.add_trace(go.Bar(x=labels, y=[tok["p"] for tok in top], name="p (model)"))
     fig.add_trace(go.Bar(x=labels, y=[tok["mu"] for tok in top], name="μ (sampler)"))
-    fig.update_layout(**LAYOUT, barmode="group", yaxis_title="probability")
+    context = summary["positions"][position_index]["context_length"]
+    fig.update_layout(
+        **{**LAYOUT, "margin": {**LAYOUT["margin"], "b": 90}},
+        barmode="group",
+        title={
+            "text": f"next token after {context} tokens: p against μ (top {len(top)})",
+            "font": {"size": 13},
+        },
+        yaxis_title="probability",
+        xaxis_tickangle=-45,
+        legend={"orientation": "h", "y": 1.02, "x": 1, "xanchor": "right", "yanchor": "bottom"},
+    )
     return fig
 
 
@@ -433,6 +588,8 @@ def kind_mass(summary: Summary, centering: str) -> go.Figure:
     """Explorer: the chosen statistic summed per module kind."""
     stat = stat_for_centering(centering)
     kinds = summary["kinds"]
+    if not any(k["totals"][stat] > 0 for k in kinds):
+        return all_zero_figure(stat)
     fig = go.Figure(
         go.Bar(
             x=[k["kind"] for k in kinds],
@@ -440,13 +597,55 @@ def kind_mass(summary: Summary, centering: str) -> go.Figure:
             marker_color=[KIND_COLOR.get(k["kind"], "grey") for k in kinds],
         )
     )
-    fig.update_layout(**LAYOUT, yaxis_title=f"{stat} per module kind")
+    fig.update_layout(
+        **LAYOUT,
+        title={"text": f"{STAT_LABEL[stat]} per module kind", "font": {"size": 13}},
+        yaxis_title=f"{stat}, summed over the kind",
+    )
     return fig
+
+
+def layer_mass(summary: Summary, centering: str) -> go.Figure:
+    """Explorer: the chosen statistic summed per layer; each bar carries its layer key for clicks."""
+    stat = stat_for_centering(centering)
+    layers = summary["layers"]
+    if not any(row["totals"][stat] > 0 for row in layers):
+        return all_zero_figure(stat)
+    total = sum(row["totals"][stat] for row in layers) or 1.0
+    fig = go.Figure(
+        go.Bar(
+            x=[layer_label(row["layer"]) for row in layers],
+            y=[row["totals"][stat] for row in layers],
+            customdata=[[str(row["layer"]), row["totals"][stat] / total] for row in layers],
+            hovertemplate="%{x}: %{y:.4g} (%{customdata[1]:.1%} of the total)<br>click: open its matrices"
+            "<extra></extra>",
+            marker_color="#1f77b4",
+        )
+    )
+    fig.update_layout(
+        **LAYOUT,
+        title={
+            "text": f"{STAT_LABEL[stat]} per layer (click a bar to open its matrices)",
+            "font": {"size": 13},
+        },
+        yaxis_title=f"{stat}, summed over the layer",
+        xaxis_title="layer",
+    )
+    return fig
+
+
+def tensors_of_layer(summary: Summary, layer: str, stat: str) -> list[str]:
+    """The tensors of one layer (key as in `layers`, as a string): matrices first, largest `stat` first."""
+    tensors = [t for t in summary["tensors"] if str(t["layer"]) == layer]
+    ordered = sorted(tensors, key=lambda t: (len(t["shape"]) != 2, -t["totals"].get(stat, 0.0)))
+    return [t["name"] for t in ordered]
 
 
 def heatmap(pooled: dict[str, Any], tensor: str, stat: str) -> go.Figure:
     """Explorer: a pooled view (block sums) of one matrix, from GET .../tensors/{name}."""
     values = pooled["values"]
+    if not any(value for row in values for value in row):
+        return message_figure(f"{tensor}: the {STAT_LABEL.get(stat, stat)} is 0 in every block.")
     row_edges, col_edges = pooled["row_edges"], pooled["col_edges"]
     fig = go.Figure(
         go.Heatmap(
@@ -455,11 +654,16 @@ def heatmap(pooled: dict[str, Any], tensor: str, stat: str) -> go.Figure:
     )
     fig.update_layout(
         **LAYOUT,
-        title=f"{tensor}: {stat}, block sums {pooled['shape'][0]}×{pooled['shape'][1]}",
+        title={
+            "text": f"{tensor}: {stat}, sums over {pooled['shape'][0]}×{pooled['shape'][1]} blocks",
+            "font": {"size": 13},
+        },
         xaxis_title="column (input)",
         yaxis_title="row (output)",
         yaxis_autorange="reversed",
     )
+    if pooled["shape"][0] == 1:  # a vector (norm weight): one row of blocks, no row axis to read
+        fig.update_layout(yaxis_showticklabels=False, yaxis_title="vector", height=260)
     return fig
 
 

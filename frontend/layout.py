@@ -153,20 +153,36 @@ def slide_panel() -> html.Div:
 
 
 def explorer() -> html.Div:
-    """Next-token distribution, mass per module kind, a matrix heatmap and the top coordinates."""
+    """Next-token distribution, C_mu spectrum, mass per layer and per kind, a matrix heatmap, the top
+    coordinates and the along-the-response view: everything drawn from the summary, except the heatmap
+    (pooled views come from the API)."""
     return html.Div(
         className="explorer",
         children=[
             html.H3("Explorer"),
+            labelled(
+                "Position",
+                dcc.Dropdown(id="explorer-position", options=[], value=0, clearable=False),
+                "which analysed position the next-token and spectrum views show",
+            ),
             html.Div(
                 className="explorer-grid",
                 children=[
                     dcc.Graph(id="next-token-graph", config=GRAPH_CONFIG),
+                    dcc.Graph(id="spectrum-graph", config=GRAPH_CONFIG),
+                    dcc.Graph(id="layer-graph", config=GRAPH_CONFIG),
                     dcc.Graph(id="kind-graph", config=GRAPH_CONFIG),
                 ],
             ),
-            labelled("Matrix", dcc.Dropdown(id="heatmap-tensor", options=[], value=None)),
-            dcc.Graph(id="heatmap-graph", config=GRAPH_CONFIG),
+            labelled(
+                "Matrix",
+                dcc.Dropdown(id="heatmap-tensor", options=[], value=None),
+                "click a layer bar above (or a tensor on slide 3) to open its matrices",
+            ),
+            html.Div(id="heatmap-scope", className="control-hint"),
+            dcc.Loading(dcc.Graph(id="heatmap-graph", config=GRAPH_CONFIG)),
+            html.H4("Along the response"),
+            dcc.Graph(id="response-graph", config=GRAPH_CONFIG),
             html.H4("Top coordinates"),
             html.Div(id="top-coordinates"),
         ],
@@ -179,7 +195,11 @@ def exports() -> html.Div:
         children=[
             html.Button("Per-tensor totals (CSV)", id="csv-button", n_clicks=0),
             dcc.Download(id="csv-download"),
-            html.A("Full arrays (safetensors)", id="arrays-link", href="", target="_blank"),
+            html.Button("Prepare full arrays (safetensors)", id="arrays-prepare", n_clicks=0),
+            html.Span(id="arrays-status", className="arrays-status"),
+            html.A("Download arrays", id="arrays-link", href="", target="_blank", style={"display": "none"}),
+            dcc.Interval(id="arrays-poll", interval=1000, disabled=True),
+            dcc.Store(id="arrays-started"),
             dcc.Input(id="share-link", type="text", readOnly=True, className="share-link"),
             dcc.Clipboard(target_id="share-link", title="copy link", className="copy-link"),
         ],

@@ -141,12 +141,13 @@ class FixtureApi:
                 return 200, {"safetensors": "stand-in"}
             return 202, self.public(analysis_id, "done", 1.0)
         if match.group(2):
-            return 200, {
+            view = {
                 "shape": [2, 2],
                 "row_edges": [0, 288, 576],
                 "col_edges": [0, 288, 576],
                 "values": [[1.0, 2.0], [3.0, 4.0]],
             }
+            return 200, {"tensor": match.group(2).split("/")[-1], "stat": "fisher", "view": view}
         self.polls[analysis_id] += 1
         if self.polls[analysis_id] >= 3:
             self.done.add(analysis_id)
@@ -308,6 +309,7 @@ def check_explorer(page) -> None:
     assert page.locator("#top-coordinates tr").count() > 2
 
     tallest = max(range(len(layers["y"])), key=lambda i: layers["y"][i])
+    page.locator("#layer-graph").scroll_into_view_if_needed()
     bar = page.locator("#layer-graph .trace.bars .point path").nth(tallest).bounding_box()
     page.mouse.click(bar["x"] + bar["width"] / 2, bar["y"] + bar["height"] - 2)
     layer = layers["x"][tallest]

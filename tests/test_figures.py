@@ -9,12 +9,25 @@ import pytest
 
 from frontend import figures
 
-FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2.json"
+FIXTURES = Path(__file__).parent / "fixtures"
+# Written by the engine on SmolLM2-135M for "She drank a cup of": temperature 0.7 with reward ' tea'=1
+# (prefix only), on-policy with the continuation ' coffee with milk', and the data sampler on it.
+FIXTURE = FIXTURES / "summary_smollm2.json"
 
 
 @pytest.fixture(scope="module")
 def summary() -> dict:
     return json.loads(FIXTURE.read_text())
+
+
+@pytest.fixture(scope="module")
+def response_summary() -> dict:
+    return json.loads((FIXTURES / "summary_smollm2_response.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def data_summary() -> dict:
+    return json.loads((FIXTURES / "summary_smollm2_data.json").read_text())
 
 
 def points_by_tensor(figure) -> dict[str, float]:
@@ -76,7 +89,8 @@ def test_spectrum_plots_centered_below_uncentered_top(summary):
     assert len(centered) == summary["model"]["d_model"]
 
 
-def test_response_figures_say_what_is_missing_without_a_continuation(summary):
+def test_response_figures_say_what_is_missing_without_a_continuation(response_summary):
+    summary = response_summary
     prefix_only = {**summary, "response": None}
     for build in (figures.response_fisher, figures.shift_growth, figures.chi2_growth):
         figure = build(prefix_only)
@@ -89,7 +103,8 @@ def test_response_figures_say_what_is_missing_without_a_continuation(summary):
 def test_mean_shift_stack_adds_to_uncentered(summary):
     figure = figures.mean_shift_per_layer(summary)
     for fisher, shift, layer in zip(figure.data[0].y, figure.data[1].y, summary["layers"], strict=True):
-        assert fisher + shift == pytest.approx(layer["totals"]["uncentered"], rel=1e-9)
+        # the engine accumulates in float32: the identity holds to float32 precision
+        assert fisher + shift == pytest.approx(layer["totals"]["uncentered"], rel=1e-5)
 
 
 def test_csv_has_one_line_per_tensor(summary):
@@ -110,3 +125,69 @@ def test_heatmap_uses_pooled_values():
     }
     figure = figures.heatmap(pooled, "model.layers.0.mlp.down_proj.weight", "fisher")
     assert [list(row) for row in figure.data[0].z] == pooled["values"]
+
+
+def test_token_labels_are_unique_when_texts_collide():
+    tokens = [{"id": 5, "text": "\ufffd"}, {"id": 9, "text": "\ufffd"}, {"id": 3, "text": " tea"}]
+    assert figures.unique_token_labels(tokens) == ["'\ufffd' #5", "'\ufffd' #9", "' tea'"]
+    repeated = [{"id": 3, "text": " tea"}, {"id": 3, "text": " tea"}]
+    assert len(set(figures.unique_token_labels(repeated))) == 2
+
+
+def test_every_token_axis_keeps_one_bar_per_token():
+    """tiny-random's top tokens include several that decode to U+FFFD: no bar may merge with another."""
+    summary = json.loads((FIXTURES / "summary_tiny_random.json").read_text())
+    top = summary["positions"][0]["p"]["top"]
+    assert len({token["text"] for token in top}) < len(top)  # the fixture does have collisions
+    for figure in (
+        figures.next_token(summary),
+        figures.output_rows(summary),
+        figures.engine_shift_rows(summary),
+        figures.gradient_vs_bound(summary),
+    ):
+        for trace in figure.data:
+            if trace.x is not None and trace.xaxis in (None, "x"):
+                assert len(set(trace.x)) == len(trace.x), (figure.layout.title, trace.name)
+
+
+def test_response_view_follows_the_toggle(response_summary):
+    response = response_summary["response"]
+    centered = figures.response_view(response_summary, "on")
+    uncentered = figures.response_view(response_summary, "off")
+    assert list(centered.data[0].y) == response["fisher_total"]
+    assert list(centered.data[1].y) == response["fisher_running"]
+    assert list(uncentered.data[0].y) == response["uncentered_total"]
+    assert list(centered.data[2].y) == response["p_target"]
+    assert list(centered.data[3].y) == response["chi2"]
+
+
+def test_data_sampler_response_says_the_fisher_under_mu_is_zero(data_summary):
+    figure = figures.response_fisher(data_summary, "on")
+    assert figure.data == () and "one-hot" in figure.layout.annotations[0].text
+    shifted = figures.response_fisher(data_summary, "off")
+    assert list(shifted.data[0].y) == data_summary["response"]["uncentered_total"]
+    assert "one-hot" in figures.spectrum(data_summary).layout.annotations[0].text
+
+
+def test_spectrum_marks_numerical_rank_and_rank_bound(summary):
+    spectrum = summary["positions"][0]["spectrum"]
+    figure = figures.spectrum(summary)
+    texts = " ".join(shape.text for shape in figure.layout.annotations)
+    assert f"numerical rank {spectrum['numerical_rank']}" in texts
+    assert f"{spectrum['rank_bound']:,}" in figure.layout.title.text
+    truncated = json.loads(json.dumps(summary))
+    truncated["positions"][0]["spectrum"]["rank_bound"] = 19  # as with top-k = 20
+    texts = " ".join(shape.text for shape in figures.spectrum(truncated).layout.annotations)
+    assert "rank bound n − 1 = 19" in texts
+
+
+def test_layer_bars_open_that_layers_tensors(summary):
+    figure = figures.layer_mass(summary, "on")
+    assert [row[0] for row in figure.data[0].customdata] == [str(row["layer"]) for row in summary["layers"]]
+    names = figures.tensors_of_layer(summary, "0", "fisher")
+    assert names and all(".layers.0." in name for name in names)
+    by_name = {tensor["name"]: tensor for tensor in summary["tensors"]}
+    matrices = [name for name in names if len(by_name[name]["shape"]) == 2]
+    assert names[: len(matrices)] == matrices  # matrices first, then the norm vectors
+    fisher = [by_name[name]["totals"]["fisher"] for name in matrices]
+    assert fisher == sorted(fisher, reverse=True)

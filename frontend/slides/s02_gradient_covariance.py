@@ -35,11 +35,15 @@ def reading(summary: Summary, centering: str) -> str:
     names = " and ".join(quoted(str(row["text"])) for row in rewarded[:3])
     ratio = grad / bound if bound else 0.0
     verdict = (
-        "the reward barely tells them apart" if ratio < 0.25 else "the reward separates them from the rest"
+        "the reward barely tells the rewarded tokens apart"
+        if ratio < 0.25
+        else "the reward separates the rewarded tokens from the rest"
     )
+    one = len(rewarded) == 1
     sentence = (
-        f"The rewarded rows {names} hold {pct(share)} of the output-layer Fisher; their gradient is "
-        f"{pct(ratio)} of the bound std(r)·√F: {verdict}."
+        f"The rewarded row{'' if one else 's'} {names} hold{'s' if one else ''} {pct(share)} of the "
+        f"output-layer Fisher; {'its' if one else 'their'} gradient is {pct(ratio)} of the bound "
+        f"std(r)·√F: {verdict}."
     )
     overlap = summary.get("overlap")
     if overlap and 0.01 in overlap["q"]:

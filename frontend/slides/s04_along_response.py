@@ -14,18 +14,25 @@ FORMULA = (
 
 
 def figure(summary: Summary, centering: str):
-    return figures.response_fisher(summary)
+    return figures.response_fisher(summary, centering)
 
 
 def reading(summary: Summary, centering: str) -> str:
     response = summary.get("response")
     if not response:
         return "This analysis has no continuation: type one (e.g. ' coffee and') and run to see the sum."
-    per_position = response["fisher_total"]
-    total = response["fisher_running"][-1]
+    label, per_position, running = figures.response_series(summary, centering)
+    total = running[-1]
+    if total <= 0:
+        return (
+            f"With the data sampler μ is one-hot on each y_t, so over {response['T']} response tokens the "
+            "centered Fisher under μ is 0: all of the second moment is mean shift (slide 8). Pick the model "
+            "sampler to see the Fisher add up."
+        )
     peak = max(range(len(per_position)), key=per_position.__getitem__)
     token = summary["tokens"]["continuation"][peak]["text"]
     return (
-        f"Over {response['T']} response tokens the Fisher sums to {num(total)}; the position predicting "
-        f"{quoted(token)} contributes the most, {pct(per_position[peak] / total)}."
+        f"Shown: {label}. Over {response['T']} response tokens it sums to {num(total)}; the position "
+        f"predicting {quoted(token)} contributes the most, {num(per_position[peak])} "
+        f"({pct(per_position[peak] / total)} of the sum)."
     )

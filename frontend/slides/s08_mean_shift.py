@@ -27,14 +27,32 @@ def reading(summary: Summary, centering: str) -> str:
         return "This analysis has no continuation: add one to see the shift accumulate over positions."
     growth = response["shift_growth"]
     shift, variances = growth["accumulated_shift_sq"][-1], growth["sum_variances"][-1]
-    sentence = (
-        f"After {response['T']} tokens the squared accumulated shift is {num(shift)} against "
-        f"{num(variances)} for the summed centered Fisher ({num(shift / variances if variances else 0)}×)."
-    )
+    T = response["T"]
+    if variances > 0:
+        sentence = (
+            f"After {T} tokens the squared accumulated shift is {num(shift)} against {num(variances)} "
+            f"for the summed centered Fisher ({num(shift / variances)}×)."
+        )
+    else:
+        sentence = (
+            f"After {T} tokens the squared accumulated shift is {num(shift)}, all of it outside the "
+            "Fisher under μ, which is 0 for a one-hot μ"
+        )
+        one_by_one = (growth.get("sum_shift_sq") or [0.0])[-1]
+        if one_by_one > 0:
+            how = "in step" if shift >= one_by_one else "partly cancelling"
+            sentence += (
+                f"; the shifts taken one by one sum to {num(one_by_one)}, so they add up {how} "
+                f"({num(shift / one_by_one)}×)."
+            )
+        else:
+            sentence += "."
     identity = response.get("sft_identity")
-    if identity and identity.get("checked"):
+    if identity and identity.get("max_abs_error") is not None:
+        relative = identity.get("relative_error")
+        scale = f", {relative:.1e} of the largest entry" if relative is not None else ""
         sentence += (
-            f" With the data sampler the accumulated shift equals the SFT gradient "
-            f"(max error {identity['max_abs_error']:.1e})."
+            " With the data sampler the accumulated shift is the SFT gradient: the engine checked it to "
+            f"a max error of {identity['max_abs_error']:.1e}{scale}."
         )
     return sentence

@@ -27,8 +27,14 @@ def reading(summary: Summary, centering: str) -> str:
         )
     rarest = min(top, key=lambda tok: tok["p"])
     rare_ratio = (rarest["mu"] - rarest["p"]) ** 2 / max(rarest["p"] * (1 - rarest["p"]), 1e-30)
+    sampler = summary["sampler"]
+    why = f"engine {engine}, temperature {sampler.get('temperature', 1.0):g}"
+    if sampler.get("top_k"):
+        why += f", top-k {sampler['top_k']}"
+    if sampler.get("top_p", 1.0) < 1.0:
+        why += f", top-p {sampler['top_p']:g}"
     return (
-        f"Engine {engine}: relative to its on-policy Fisher, the shift is largest on the row of "
+        f"Sampler ({why}): relative to its on-policy Fisher, the shift is largest on the row of "
         f"{quoted(worst['text'])} (shift²/Fisher = {worst_ratio:.2g}); the rarest shown token "
         f"{quoted(rarest['text'])} (p = {rarest['p']:.2g}) has {rare_ratio:.2g}. Centering removes all of it."
     )
