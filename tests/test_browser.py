@@ -4,7 +4,8 @@ Against the real service (embedded `backend.embedded`, model tiny-random) when t
 otherwise against a stand-in API that serves the fixture summary with the contract's shapes. Both type a
 prefix, run, wait for the figures, toggle centering, step slides with the arrow keys, open the share link
 in a fresh context (nothing recomputed), check a bad link's message and that no request leaves
-127.0.0.1, and save a screenshot of every slide into docs/screenshots/.
+127.0.0.1, and save a screenshot of every slide into artifacts/browser/ (not tracked; the committed
+screenshots of the real model come from scripts/screenshots.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from werkzeug.serving import make_server
 from frontend.app import create_dash_app
 
 FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2.json"
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "browser"
 
 
 def free_port() -> int:
