@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tiny_models import tiny_llama
+from tests.tiny_models import tiny_llama, tiny_qwen2
 from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
@@ -173,3 +173,18 @@ def test_monte_carlo_converges_to_exact():
         errors.append((num / den) ** 0.5)
     assert errors[2] < errors[0] / 4, errors  # ~1/sqrt(S): 16x the samples, ~1/16 the error
     assert errors[2] < 0.1, errors
+
+
+def test_biases_of_another_architecture_match_brute_force():
+    model = tiny_qwen2()
+    assert any(name.endswith("q_proj.bias") for name, _ in model.named_parameters())
+    ids = torch.tensor([3, 5, 3, 8])
+    logits, kappa = brute_force_logit_sensitivities(model, ids)
+    p = torch.softmax(logits, -1)
+    mu = warped_distribution(logits, 0.8, 6, 1.0)
+    reward = _reward(logits.numel())
+    reference = brute_force_moments(kappa, p, mu, reward)
+    fast = _fast_stats(model, ids, p, mu, reward, False)
+    for stat in ("fisher", "uncentered", "raw", "mean_shift", "common", "policy_grad", "bound"):
+        for name in kappa:
+            torch.testing.assert_close(fast.stat(stat, name), reference[stat][name], rtol=1e-9, atol=1e-11)

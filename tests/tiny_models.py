@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 
 class ExactRMSNorm(nn.Module):
@@ -24,7 +24,7 @@ class ExactRMSNorm(nn.Module):
 def _swap_norms(model: nn.Module) -> None:
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
-            if type(child).__name__ == "LlamaRMSNorm":
+            if type(child).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm"):
                 setattr(module, child_name, ExactRMSNorm(child.weight, child.variance_epsilon))
 
 
@@ -56,5 +56,26 @@ def tiny_llama(
                 param.copy_(1 + 0.3 * torch.randn_like(param))
             else:
                 param.normal_(0, 0.5)
+    _swap_norms(model)
+    return model.eval()
+
+
+def tiny_qwen2(seed: int = 0, dtype: torch.dtype = torch.float64) -> Qwen2ForCausalLM:
+    """A Llama-like model whose q/k/v projections carry biases: the engine must cover those too."""
+    config = Qwen2Config(
+        vocab_size=29,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(dtype)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.5)
     _swap_norms(model)
     return model.eval()
