@@ -106,7 +106,7 @@ class Analysis:
         seen: set[int] = set()
         for stat in STATS:
             for name, value in self.sequence.sums.iter_stat(stat):
-                value = value.float().contiguous()
+                value = value.float().contiguous().cpu()
                 if value.data_ptr() in seen:  # stats equal by construction share storage; files may not
                     value = value.clone()
                 seen.add(value.data_ptr())
@@ -152,8 +152,10 @@ def run_analysis(
     engine_model = (
         loaded.bf16() if sampler.engine == Engine.BF16 and sampler.kind == SamplerKind.MODEL else None
     )
-    prefix = torch.tensor(job.input_ids, dtype=torch.long)
-    continuation = torch.tensor(job.continuation_ids, dtype=torch.long)
+    device = next(model.parameters()).device  # a worker puts the model on the GPU when it has one
+    reward = None if reward is None else reward.to(device)
+    prefix = torch.tensor(job.input_ids, dtype=torch.long, device=device)
+    continuation = torch.tensor(job.continuation_ids, dtype=torch.long, device=device)
     sequence = analyze_sequence(
         model, prefix, continuation, sampler, method, reward, engine_model, memory_budget_bytes, report
     )

@@ -46,8 +46,10 @@ def histogram(chunks: Iterable[torch.Tensor]) -> Histogram:
         flat = chunk.reshape(-1)
         total += flat.numel()
         index = _bins(flat)
-        counts += torch.bincount(index, minlength=N_BINS).to(torch.float64)
-        sums += torch.bincount(index, weights=flat.float().clamp_min(0), minlength=N_BINS).to(torch.float64)
+        counts += torch.bincount(index, minlength=N_BINS).to("cpu", torch.float64)
+        sums += torch.bincount(index, weights=flat.float().clamp_min(0), minlength=N_BINS).to(
+            "cpu", torch.float64
+        )
     sums[0] = 0.0
     return Histogram(counts, sums, total)
 

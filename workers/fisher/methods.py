@@ -82,7 +82,8 @@ def second_moment_plan(
     if method.name == MethodName.TRUNCATED and rank:
         assert method.fraction is not None
         share = torch.cumsum(lam, 0) / lam.sum()
-        keep = int(torch.searchsorted(share, torch.tensor(method.fraction, dtype=share.dtype)).item()) + 1
+        target = torch.tensor(method.fraction, dtype=share.dtype, device=share.device)
+        keep = int(torch.searchsorted(share, target).item()) + 1
         keep = min(keep, rank)
     total = float(lam.sum()) if rank else 0.0
     kept_share = float(lam[:keep].sum()) / total if total > 0 else 1.0
@@ -108,7 +109,7 @@ def _monte_carlo_plan(
 ) -> SecondMomentPlan:
     """(1/S) sum_s (kappa_{a_s} - kbar^q)^2 with a_s ~ q: the sampled estimator used in practice."""
     assert method.samples is not None
-    generator = torch.Generator().manual_seed(method.seed)
+    generator = torch.Generator(device=q.device).manual_seed(method.seed)
     samples = torch.multinomial(q, method.samples, replacement=True, generator=generator)
     head64 = head.to(torch.float64)
     deviations = head64[samples] - covariance.mean_row  # [S, d]
@@ -121,7 +122,7 @@ def _monte_carlo_plan(
         probes[c] = indicator @ deviations / s
     return SecondMomentPlan(
         vectors=deviations,
-        weights=torch.full((method.samples,), 1 / s, dtype=torch.float64),
+        weights=torch.full((method.samples,), 1 / s, dtype=torch.float64, device=q.device),
         head_coefficient=head_coefficient,
         probes=probes,
         kept_share=1.0,

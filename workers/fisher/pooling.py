@@ -16,7 +16,7 @@ def block_edges(size: int, blocks: int) -> list[int]:
 
 def pooled_view(value: torch.Tensor, max_rows: int = 128, max_cols: int = 128) -> dict:
     """{"shape", "row_edges", "col_edges", "values"}: block sums; 1-D tensors become one row."""
-    array = value.detach()
+    array = value.detach().cpu()
     if array.dim() == 1:
         array = array[None, :]
     elif array.dim() > 2:

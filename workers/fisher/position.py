@@ -151,7 +151,11 @@ def position_moments(
         out: Params = {}
         for name in layout.names:
             value = (input_side or {}).get(name)
-            value = torch.zeros(layout.shapes[name], dtype=dtype) if value is None else value.to(dtype)
+            value = (
+                torch.zeros(layout.shapes[name], dtype=dtype, device=h.device)
+                if value is None
+                else value.to(dtype)
+            )
             if name == layout.head_name:
                 value = value + head_value
             out[name] = value

@@ -79,16 +79,16 @@ def warped_distribution(
     return torch.softmax(z, dim=-1)
 
 
-def one_hot_distribution(token_id: int, vocab_size: int) -> torch.Tensor:
+def one_hot_distribution(token_id: int, vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     if not 0 <= token_id < vocab_size:
         raise ValueError(f"token id {token_id} is outside the vocabulary [0, {vocab_size})")
-    mu = torch.zeros(vocab_size, dtype=torch.float64)
+    mu = torch.zeros(vocab_size, dtype=torch.float64, device=device)
     mu[token_id] = 1.0
     return mu
 
 
-def uniform_distribution(vocab_size: int) -> torch.Tensor:
-    return torch.full((vocab_size,), 1.0 / vocab_size, dtype=torch.float64)
+def uniform_distribution(vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.full((vocab_size,), 1.0 / vocab_size, dtype=torch.float64, device=device)
 
 
 def sampler_distribution(
@@ -105,12 +105,12 @@ def sampler_distribution(
     """
     vocab = logits.numel()
     if config.kind == SamplerKind.UNIFORM:
-        return uniform_distribution(vocab)
+        return uniform_distribution(vocab, logits.device)
     if config.kind == SamplerKind.DATA:
         token = config.data_token_id if config.data_token_id is not None else target_id
         if token is None:
             raise ValueError("the data sampler needs a data token or a continuation to be one-hot on")
-        return one_hot_distribution(token, vocab)
+        return one_hot_distribution(token, vocab, logits.device)
     if config.engine == Engine.BF16:
         if engine_logits is None:
             raise ValueError("the bf16 engine needs the bf16 logits")

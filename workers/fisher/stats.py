@@ -41,6 +41,7 @@ class MomentSums:
     sums: dict[str, Params] = field(default_factory=dict)
     positions: int = 0
     dtype: torch.dtype = torch.float32
+    device: torch.device = torch.device("cpu")
 
     SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
@@ -48,6 +49,7 @@ class MomentSums:
         """Fold one position in (the caller may drop ``m`` afterwards)."""
         on_policy = m.kbar_mu is m.kbar_p
         self.dtype = m.hidden.dtype
+        self.device = m.hidden.device
         if self.positions == 1:
             self._materialize_squares()
         track_squares = self.positions >= 1
@@ -119,7 +121,7 @@ class MomentSums:
         if stat not in STATS:
             raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
         if self.identically_zero(stat):
-            return torch.zeros(self.shapes[name], dtype=self.dtype)
+            return torch.zeros(self.shapes[name], dtype=self.dtype, device=self.device)
         fisher = self.sums["fisher"][name]
         if stat == "fisher":
             return fisher
