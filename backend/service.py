@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from backend.cost import cheaper_methods, estimate_cost
+from backend.fastjson import is_strict_json_object, loads
 from backend.normalize import RequestError, check_model_id, check_text, normalize
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, JobQueue
 from backend.schemas import (
@@ -29,9 +30,12 @@ from backend.schemas import (
     TopCoordinates,
 )
 from backend.settings import Settings
-from backend.store import Store, decode_view
+from backend.store import Store, StoredAnalysis, decode_view
 from backend.tokens import TokenCodec, codec_for_file
 from workers.models import catalog
+
+# `AnalysisPublic` serializes `result` last; a cache hit replaces this tail with the stored summary.
+_NULL_RESULT_TAIL = b',"result":null}'
 
 
 class ServiceError(Exception):
@@ -48,13 +52,30 @@ class AnalysisService:
         self.settings = settings
         self.store = store
         self.queue = queue
+        self._models: dict[str, tuple[int, catalog.ModelInfo, TokenCodec]] = {}
 
     # --- models and tokens -------------------------------------------------------------------
     def resolve_model(self, model_id: str) -> tuple[catalog.ModelInfo, TokenCodec]:
+        """The manifest and codec of an allowed model, cached until its manifest file changes.
+
+        Why cached: every POST needs both; reading the manifest and stat-ing the tokenizer on each
+        request is most of a cache hit's cost. One stat of the manifest (written last when a model is
+        fetched) tells whether a refetch happened.
+        """
         check_model_id(model_id, self.settings.allowed_models)
         try:
+            manifest = catalog.model_dir(model_id) / catalog.MANIFEST_NAME
+            try:
+                stamp = manifest.stat().st_mtime_ns
+            except FileNotFoundError:
+                raise catalog.ModelNotAvailable(model_id) from None
+            cached = self._models.get(model_id)
+            if cached is not None and cached[0] == stamp:
+                return cached[1], cached[2]
             info = catalog.model_info(model_id)
-            return info, codec_for_file(catalog.tokenizer_path(model_id))
+            codec = codec_for_file(catalog.tokenizer_path(model_id))
+            self._models[model_id] = (stamp, info, codec)
+            return info, codec
         except catalog.UnknownModel as error:
             raise RequestError(str(error), field="model") from None
         except catalog.ModelNotAvailable as error:
@@ -93,6 +114,17 @@ class AnalysisService:
     # --- analyses ----------------------------------------------------------------------------
     def submit(self, create: AnalysisCreate) -> tuple[AnalysisPublic, int]:
         """200 with the finished analysis when cached, else 202 (queued once however often asked)."""
+        analysis_id, (meta, summary_json) = self.submit_id(create)
+        public = self._public(analysis_id, meta, loads(summary_json) if summary_json else None)
+        return public, 200 if public.status == JobStatus.done else 202
+
+    def submit_json(self, create: AnalysisCreate) -> tuple[bytes, int]:
+        """As `submit`, answering the response body as JSON bytes (the cached summary spliced in)."""
+        body, status = self._public_json(*self.submit_id(create))
+        return body, 200 if status == JobStatus.done else 202
+
+    def submit_id(self, create: AnalysisCreate) -> tuple[str, StoredAnalysis]:
+        """Validate, key and (unless cached or in flight) enqueue `create`: the id and what is stored."""
         info, codec = self.resolve_model(create.model)
         job = normalize(create, codec, info, self.settings.limits())
         estimate = estimate_cost(info, job, self.settings.flops_per_second)
@@ -105,8 +137,11 @@ class AnalysisService:
                 field="method",
             ).with_estimate(estimate, cheaper_methods(info, job, self.settings.budget_flops))
         analysis_id = job.key()
-        meta = self.store.checked_meta(analysis_id)
-        if meta and meta["status"] == JobStatus.done and self.store.get_summary(analysis_id) is None:
+        stored = self.store.read(analysis_id)
+        meta = stored.meta
+        if meta and meta["status"] == JobStatus.done:
+            if stored.summary_json is not None:
+                return analysis_id, stored  # the cache hit: one store read in all
             self.store.fail(analysis_id, "the cached result expired")
             meta = self.store.get_meta(analysis_id)
         if meta is None or meta["status"] == JobStatus.failed:
@@ -121,14 +156,15 @@ class AnalysisService:
             }
             if self.store.claim(analysis_id, fresh):
                 self.queue.enqueue(ANALYSIS_FUNCTION, job.model_dump(mode="json"), analysis_id)
-        public = self.get(analysis_id)
-        return public, 200 if public.status == JobStatus.done else 202
+        return analysis_id, self._read(analysis_id)
 
-    def get(self, analysis_id: str) -> AnalysisPublic:
-        meta = self.store.checked_meta(analysis_id)
-        if meta is None or "request" not in meta:
+    def _read(self, analysis_id: str) -> StoredAnalysis:
+        stored = self.store.read(analysis_id)
+        if stored.meta is None or "request" not in stored.meta:
             raise ServiceError(404, f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first")
-        result = self.store.get_summary(analysis_id) if meta["status"] == JobStatus.done else None
+        return stored
+
+    def _public(self, analysis_id: str, meta: dict, result: dict | None) -> AnalysisPublic:
         return AnalysisPublic(
             id=analysis_id,
             status=meta["status"],
@@ -140,11 +176,34 @@ class AnalysisService:
             result=result,
         )
 
-    def _done(self, analysis_id: str) -> AnalysisPublic:
-        public = self.get(analysis_id)
-        if public.status != JobStatus.done:
-            raise ServiceError(409, f"analysis {analysis_id} is {public.status.value}, not done yet")
-        return public
+    def get(self, analysis_id: str) -> AnalysisPublic:
+        meta, summary_json = self._read(analysis_id)
+        return self._public(analysis_id, meta, loads(summary_json) if summary_json else None)
+
+    def get_json(self, analysis_id: str) -> bytes:
+        """The body of GET /api/v1/analyses/{id} as JSON bytes (same schema as `get`)."""
+        return self._public_json(analysis_id, self._read(analysis_id))[0]
+
+    def _public_json(self, analysis_id: str, stored: StoredAnalysis) -> tuple[bytes, JobStatus]:
+        """Everything but the summary goes through `AnalysisPublic` (so the schema is the pinned one);
+        the stored summary bytes are spliced in as `result`, never parsed on this path."""
+        meta, summary_json = stored
+        public = self._public(analysis_id, meta, None)
+        head = public.model_dump_json().encode("utf-8")
+        if summary_json is None:
+            return head, public.status
+        if is_strict_json_object(summary_json) and head.endswith(_NULL_RESULT_TAIL):
+            return head[: -len(_NULL_RESULT_TAIL)] + b',"result":' + summary_json + b"}", public.status
+        public.result = loads(summary_json)  # NaN from an older store: pydantic writes null
+        return public.model_dump_json().encode("utf-8"), public.status
+
+    def _done(self, analysis_id: str) -> StoredAnalysis:
+        """The stored analysis (summary unparsed), or 409 when it is not done."""
+        stored = self._read(analysis_id)
+        status = stored.meta["status"]  # type: ignore[index]
+        if status != JobStatus.done:
+            raise ServiceError(409, f"analysis {analysis_id} is {status}, not done yet")
+        return stored
 
     def tensor_view(self, analysis_id: str, tensor: str, stat: str, rows: int, cols: int) -> TensorView:
         self._done(analysis_id)
@@ -163,15 +222,15 @@ class AnalysisService:
         return list(header.get("fisher", {}))
 
     def top(self, analysis_id: str, stat: str, limit: int) -> TopCoordinates:
-        public = self._done(analysis_id)
-        tops = (public.result or {}).get("top_coordinates") or {}
+        summary_json = self._done(analysis_id).summary_json
+        tops = (loads(summary_json) if summary_json else {}).get("top_coordinates") or {}
         if stat not in tops:
             raise ServiceError(404, f"no top coordinates for stat {stat!r}; available: {sorted(tops)}")
         return TopCoordinates(stat=stat, coordinates=[TopCoordinate(**c) for c in tops[stat][:limit]])
 
     def export(self, analysis_id: str) -> Path | AnalysisPublic:
         """The safetensors file when ready; else start computing it (once) and say so."""
-        public = self._done(analysis_id)
+        request = self._done(analysis_id).meta["request"]  # type: ignore[index]
         path = export_path(self.settings, analysis_id)
         if path.is_file():
             return path
@@ -184,7 +243,8 @@ class AnalysisService:
             raise ServiceError(500, f"writing the arrays failed: {reason}")
         if meta.get("export_status") != "running" or time.time() - started > self.settings.job_timeout_s:
             self.store.update_meta(analysis_id, export_status="running", export_started=time.time())
-            self.queue.enqueue(EXPORT_FUNCTION, public.request.model_dump(mode="json"), analysis_id)
+            job = AnalysisJob.model_validate(request)
+            self.queue.enqueue(EXPORT_FUNCTION, job.model_dump(mode="json"), analysis_id)
         return self.get(analysis_id)
 
 

@@ -14,10 +14,13 @@ import shutil
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from backend.fastjson import dumps, loads
 
 # A running job refreshes its lease this often; a lease older than LEASE_TTL_S means the worker died.
 LEASE_REFRESH_S = 2.0
@@ -48,6 +51,13 @@ def encode_pooled(pooled: dict[str, dict[str, dict]]) -> tuple[dict, dict[str, b
 def decode_view(entry: dict, blob: bytes) -> dict:
     values = np.frombuffer(blob, dtype="<f4").reshape(entry["shape"])
     return {**entry, "values": values}
+
+
+class StoredAnalysis(NamedTuple):
+    """What one read of an analysis returns: its meta and, when done, the summary as stored JSON bytes."""
+
+    meta: dict | None
+    summary_json: bytes | None
 
 
 class Store(ABC):
@@ -107,6 +117,19 @@ class Store(ABC):
             meta = self.get_meta(analysis_id)
         return meta
 
+    def read(self, analysis_id: str) -> StoredAnalysis:
+        """Meta (checked as in `checked_meta`) and, when done, the summary's JSON bytes, unparsed.
+
+        Why bytes: a cache hit answers with the stored summary spliced into the response body, so the
+        hot path never parses, validates and re-serializes hundreds of kB of JSON.
+        """
+        meta = self.checked_meta(analysis_id)
+        done = meta is not None and meta["status"] == "done"
+        return StoredAnalysis(meta, self.get_summary_json(analysis_id) if done else None)
+
+    @abstractmethod
+    def get_summary_json(self, analysis_id: str) -> bytes | None: ...
+
 
 class RedisStore(Store):
     """Redis keys `fs:meta:<id>` (JSON), `fs:summary:<id>` (JSON), `fs:pooled:<id>` (hash of bytes)."""
@@ -124,7 +147,18 @@ class RedisStore(Store):
 
     def get_meta(self, analysis_id: str) -> dict | None:
         raw = self.redis.get(self._key("meta", analysis_id))
-        return json.loads(raw) if raw else None
+        return loads(raw) if raw else None
+
+    def read(self, analysis_id: str) -> StoredAnalysis:
+        """One round trip (MGET of meta, summary and lease) for the common case."""
+        keys = [self._key(kind, analysis_id) for kind in ("meta", "summary", "lease")]
+        raw_meta, summary_json, lease = self.redis.mget(keys)
+        meta = loads(raw_meta) if raw_meta else None
+        if meta is None:
+            return StoredAnalysis(None, None)
+        if meta["status"] == "running" and lease is None:
+            return super().read(analysis_id)  # the worker died: the slow path marks it failed
+        return StoredAnalysis(meta, summary_json if meta["status"] == "done" and summary_json else None)
 
     def claim(self, analysis_id: str, meta: dict) -> bool:
         key = self._key("meta", analysis_id)
@@ -148,7 +182,7 @@ class RedisStore(Store):
     def save_result(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
         pooled_key = self._key("pooled", analysis_id)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.set(self._key("summary", analysis_id), json.dumps(summary), ex=self.ttl_s)
+        pipe.set(self._key("summary", analysis_id), dumps(summary), ex=self.ttl_s)
         pipe.delete(pooled_key)
         pipe.hset(pooled_key, mapping={"__header__": json.dumps(header), **blobs})
         pipe.expire(pooled_key, self.ttl_s)
@@ -156,12 +190,15 @@ class RedisStore(Store):
         self.update_meta(analysis_id, status="done", stage="done", progress=1.0, error=None)
 
     def get_summary(self, analysis_id: str) -> dict | None:
-        raw = self.redis.get(self._key("summary", analysis_id))
-        return json.loads(raw) if raw else None
+        raw = self.get_summary_json(analysis_id)
+        return loads(raw) if raw else None
+
+    def get_summary_json(self, analysis_id: str) -> bytes | None:
+        return self.redis.get(self._key("summary", analysis_id))
 
     def get_pooled_header(self, analysis_id: str) -> dict | None:
         raw = self.redis.hget(self._key("pooled", analysis_id), "__header__")
-        return json.loads(raw) if raw else None
+        return loads(raw) if raw else None
 
     def get_pooled_blob(self, analysis_id: str, stat: str, tensor: str) -> bytes | None:
         return self.redis.hget(self._key("pooled", analysis_id), f"{stat}/{tensor}")
@@ -180,7 +217,13 @@ class RedisStore(Store):
 
 
 class LocalStore(Store):
-    """In-process store for embedded mode; finished analyses persist to `folder/<id>/`."""
+    """In-process store for embedded mode; finished analyses persist to `folder/<id>/`.
+
+    The summaries last read are kept as bytes in memory (`SUMMARY_CACHE_SIZE` of them), so a cache
+    hit reads no file.
+    """
+
+    SUMMARY_CACHE_SIZE = 32
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
@@ -188,6 +231,7 @@ class LocalStore(Store):
         self._meta: dict[str, dict] = {}
         self._leases: dict[str, float] = {}
         self._counters: dict[str, int] = {}
+        self._summaries: OrderedDict[str, bytes] = OrderedDict()
 
     def ping(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -230,7 +274,7 @@ class LocalStore(Store):
         staging = target.with_name(target.name + f".tmp{os.getpid()}-{threading.get_ident()}")
         shutil.rmtree(staging, ignore_errors=True)
         (staging / "pooled").mkdir(parents=True)
-        (staging / "summary.json").write_text(json.dumps(summary))
+        (staging / "summary.json").write_bytes(dumps(summary))
         (staging / "pooled.json").write_text(json.dumps(header))
         names = {}
         for index, (name, blob) in enumerate(blobs.items()):
@@ -242,6 +286,7 @@ class LocalStore(Store):
             (staging / "meta.json").write_text(json.dumps(self._meta[analysis_id]))
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
+            self._summaries.pop(analysis_id, None)
 
     def _read_json(self, analysis_id: str, name: str) -> Any:
         try:
@@ -251,7 +296,25 @@ class LocalStore(Store):
         return json.loads(path.read_text()) if path.is_file() else None
 
     def get_summary(self, analysis_id: str) -> dict | None:
-        return self._read_json(analysis_id, "summary.json")
+        raw = self.get_summary_json(analysis_id)
+        return loads(raw) if raw else None
+
+    def get_summary_json(self, analysis_id: str) -> bytes | None:
+        with self._lock:
+            raw = self._summaries.get(analysis_id)
+            if raw is not None:
+                self._summaries.move_to_end(analysis_id)
+                return raw
+        try:
+            path = self._dir(analysis_id) / "summary.json"
+            raw = path.read_bytes()
+        except (KeyError, FileNotFoundError):
+            return None
+        with self._lock:
+            self._summaries[analysis_id] = raw
+            while len(self._summaries) > self.SUMMARY_CACHE_SIZE:
+                self._summaries.popitem(last=False)
+        return raw
 
     def get_pooled_header(self, analysis_id: str) -> dict | None:
         return self._read_json(analysis_id, "pooled.json")
