@@ -36,7 +36,11 @@ KIND_COLOR = {
     "head": "#e377c2",
 }
 LOG_TICKS = {"tickformat": ".1~e"}  # 5e+3, 1e+4: no SI prefixes (µ, k) nor bare minor digits on log axes
-LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 50, "b": 50}, "height": 420}
+LAYOUT: dict[str, Any] = {
+    "template": "plotly_white",
+    "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+    "height": 420,
+}
 
 
 def stat_for_centering(centering: str) -> str:
@@ -71,6 +75,11 @@ def unique_token_labels(tokens: list[dict[str, Any]]) -> list[str]:
         if seen[label] > 1:
             unique[i] = f"{label} ({seen[label]})"
     return unique
+
+
+def small_title(text: str) -> dict[str, Any]:
+    """A figure title in the explorer's small font, so a long title fits above its plot."""
+    return {"text": text, "font": {"size": 13}}
 
 
 def message_figure(message: str) -> go.Figure:
@@ -432,7 +441,7 @@ def spectrum(summary: Summary, position_index: int = 0) -> go.Figure:
         bound_note = f"rank bound n − 1 = {bound:,} lies beyond d = {len(eigenvalues)}: not binding"
     fig.update_layout(
         **LAYOUT,
-        title={"text": f"C_μ spectrum at position {position_index + 1}; {bound_note}", "font": {"size": 13}},
+        title=small_title(f"C_μ spectrum at position {position_index + 1}; {bound_note}"),
         xaxis_title="eigenvalue index (1 = largest)",
         yaxis_title="eigenvalue (log scale)",
         yaxis_type="log",
@@ -573,10 +582,7 @@ def next_token(summary: Summary, position_index: int = 0) -> go.Figure:
     fig.update_layout(
         **{**LAYOUT, "margin": {**LAYOUT["margin"], "b": 90}},
         barmode="group",
-        title={
-            "text": f"next token after {context} tokens: p against μ (top {len(top)})",
-            "font": {"size": 13},
-        },
+        title=small_title(f"next token after {context} tokens: p against μ (top {len(top)})"),
         yaxis_title="probability",
         xaxis_tickangle=-45,
         legend={"orientation": "h", "y": 1.02, "x": 1, "xanchor": "right", "yanchor": "bottom"},
@@ -588,48 +594,53 @@ def kind_mass(summary: Summary, centering: str) -> go.Figure:
     """Explorer: the chosen statistic summed per module kind."""
     stat = stat_for_centering(centering)
     kinds = summary["kinds"]
-    if not any(k["totals"][stat] > 0 for k in kinds):
-        return all_zero_figure(stat)
-    fig = go.Figure(
-        go.Bar(
-            x=[k["kind"] for k in kinds],
-            y=[k["totals"][stat] for k in kinds],
-            marker_color=[KIND_COLOR.get(k["kind"], "grey") for k in kinds],
-        )
+    return group_mass(
+        kinds,
+        [k["kind"] for k in kinds],
+        stat,
+        "kind",
+        f"{STAT_LABEL[stat]} per module kind",
+        bar={"marker_color": [KIND_COLOR.get(k["kind"], "grey") for k in kinds]},
     )
-    fig.update_layout(
-        **LAYOUT,
-        title={"text": f"{STAT_LABEL[stat]} per module kind", "font": {"size": 13}},
-        yaxis_title=f"{stat}, summed over the kind",
-    )
-    return fig
 
 
 def layer_mass(summary: Summary, centering: str) -> go.Figure:
     """Explorer: the chosen statistic summed per layer; each bar carries its layer key for clicks."""
     stat = stat_for_centering(centering)
     layers = summary["layers"]
-    if not any(row["totals"][stat] > 0 for row in layers):
-        return all_zero_figure(stat)
     total = sum(row["totals"][stat] for row in layers) or 1.0
-    fig = go.Figure(
-        go.Bar(
-            x=[layer_label(row["layer"]) for row in layers],
-            y=[row["totals"][stat] for row in layers],
-            customdata=[[str(row["layer"]), row["totals"][stat] / total] for row in layers],
-            hovertemplate="%{x}: %{y:.4g} (%{customdata[1]:.1%} of the total)<br>click: open its matrices"
+    return group_mass(
+        layers,
+        [layer_label(row["layer"]) for row in layers],
+        stat,
+        "layer",
+        f"{STAT_LABEL[stat]} per layer (click a bar to open its matrices)",
+        bar={
+            "customdata": [[str(row["layer"]), row["totals"][stat] / total] for row in layers],
+            "hovertemplate": "%{x}: %{y:.4g} (%{customdata[1]:.1%} of the total)<br>click: open its matrices"
             "<extra></extra>",
-            marker_color="#1f77b4",
-        )
-    )
-    fig.update_layout(
-        **LAYOUT,
-        title={
-            "text": f"{STAT_LABEL[stat]} per layer (click a bar to open its matrices)",
-            "font": {"size": 13},
+            "marker_color": "#1f77b4",
         },
-        yaxis_title=f"{stat}, summed over the layer",
         xaxis_title="layer",
+    )
+
+
+def group_mass(
+    groups: list[dict[str, Any]],
+    labels: list[str],
+    stat: str,
+    group: str,
+    title: str,
+    bar: dict[str, Any],
+    **layout: Any,
+) -> go.Figure:
+    """One bar per group (module kind or layer) of `stat` summed over the group, or the all-zero note
+    when every bar would be 0; `bar` and `layout` add to the bar trace and the figure layout."""
+    if not any(row["totals"][stat] > 0 for row in groups):
+        return all_zero_figure(stat)
+    fig = go.Figure(go.Bar(x=labels, y=[row["totals"][stat] for row in groups], **bar))
+    fig.update_layout(
+        **LAYOUT, title=small_title(title), yaxis_title=f"{stat}, summed over the {group}", **layout
     )
     return fig
 
@@ -654,10 +665,7 @@ def heatmap(pooled: dict[str, Any], tensor: str, stat: str) -> go.Figure:
     )
     fig.update_layout(
         **LAYOUT,
-        title={
-            "text": f"{tensor}: {stat}, sums over {pooled['shape'][0]}×{pooled['shape'][1]} blocks",
-            "font": {"size": 13},
-        },
+        title=small_title(f"{tensor}: {stat}, sums over {pooled['shape'][0]}×{pooled['shape'][1]} blocks"),
         xaxis_title="column (input)",
         yaxis_title="row (output)",
         yaxis_autorange="reversed",

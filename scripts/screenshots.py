@@ -11,30 +11,14 @@ each for the slides it has content for; an exact analysis takes about 15 s to a 
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from urllib.parse import urlencode
 
-import httpx
+from frontend.devserver import CHROMIUM, ServiceDidNotStart, embedded_service, launch_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 PREFIX = "She drank a cup of"
 CONTINUATION = " coffee with milk"
 
@@ -57,33 +41,6 @@ SLIDE_VIEW = {
     9: "response data",
     10: "reward",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_service(results: Path, port: int) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "FISHERSCOPE_RESULTS_DIR": str(results / "results"),
-        "FISHERSCOPE_EXPORTS_DIR": str(results / "exports"),
-    }
-    env.pop("REDIS_URL", None)
-    env.pop("FISHERSCOPE_REDIS_URL", None)
-    fisherscope = ROOT / ".venv" / "bin" / "fisherscope"
-    command = [str(fisherscope), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    process = subprocess.Popen(command, env=env, cwd=ROOT)
-    for _ in range(240):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    process.terminate()
-    raise SystemExit("fisherscope serve did not start within 2 minutes")
 
 
 def view_url(base: str, model: str, view: str, slide: int) -> str:
@@ -109,7 +66,7 @@ def shoot(base: str, model: str, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         for slide, view in SLIDE_VIEW.items():
             page.goto(view_url(base, model, view, slide))
@@ -148,14 +105,13 @@ def main() -> None:
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         raise SystemExit("Debian chromium is missing: apt-get install chromium")
-    port = args.port or free_port()
     with tempfile.TemporaryDirectory(prefix="fisherscope-shots-") as folder:
-        process = start_service(args.cache or Path(folder), port)
+        results = args.cache or Path(folder)
         try:
-            shoot(f"http://127.0.0.1:{port}", args.model, args.out.resolve())
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+            with embedded_service(results / "results", results / "exports", args.port) as base:
+                shoot(base, args.model, args.out.resolve())
+        except ServiceDidNotStart as error:
+            raise SystemExit(str(error)) from None
 
 
 if __name__ == "__main__":

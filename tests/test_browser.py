@@ -13,44 +13,35 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import pytest
 from werkzeug.serving import make_server
 
 from frontend.app import create_dash_app
+from frontend.devserver import CHROMIUM, embedded_service, free_port, launch_chromium
 
 FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2.json"
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "browser"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class ServerThread:
+    """Serve an HTTP server (anything with serve_forever and shutdown) in a daemon thread for the
+    length of a with-block."""
 
-
-class ThreadedServer:
-    """Run a WSGI app (Dash's Flask server) on 127.0.0.1:port in a daemon thread."""
-
-    def __init__(self, wsgi_app: Any, port: int) -> None:
-        self.server = make_server("127.0.0.1", port, wsgi_app, threaded=True)
+    def __init__(self, server: Any) -> None:
+        self.server = server
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> ThreadedServer:
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 
@@ -58,7 +49,7 @@ class ThreadedServer:
         self.server.shutdown()
 
 
-class FixtureApi:
+class FixtureApi(ServerThread):
     """An HTTP API with the contract's shapes: the first POST of a request computes (two polls of
     'running'), later identical POSTs answer 200 from its cache; `computations` counts the work."""
 
@@ -91,15 +82,7 @@ class FixtureApi:
                 status, answer = api.get(self.path)
                 self.answer(status, answer)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> FixtureApi:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
+        super().__init__(ThreadingHTTPServer(("127.0.0.1", port), Handler))
 
     def public(self, analysis_id: str, status: str, progress: float) -> dict[str, Any]:
         return {
@@ -156,18 +139,6 @@ class FixtureApi:
         return 200, self.public(analysis_id, "running", 0.4 * self.polls[analysis_id])
 
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 PREFIX = "She drank a cup of"
 
 
@@ -195,31 +166,9 @@ class Service:
 @contextmanager
 def real_service(tmp: Path) -> Iterator[Service]:
     """`fisherscope serve` in embedded mode in a subprocess, with its own result folder."""
-    port = free_port()
     results = tmp / "results"
-    env = {
-        **os.environ,
-        "FISHERSCOPE_RESULTS_DIR": str(results),
-        "FISHERSCOPE_EXPORTS_DIR": str(tmp / "exports"),
-    }
-    env.pop("REDIS_URL", None)
-    env.pop("FISHERSCOPE_REDIS_URL", None)
-    code = f"from backend.embedded import serve; serve('127.0.0.1', {port})"
-    process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[1])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the embedded service did not start")
+    with embedded_service(results, tmp / "exports") as url:
         yield Service(url, "tiny-random", lambda: sum(1 for p in results.rglob("*") if p.is_file()), url)
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
 
 
 @contextmanager
@@ -227,7 +176,7 @@ def fixture_service() -> Iterator[Service]:
     api_port, dash_port = free_port(), free_port()
     with FixtureApi(api_port) as api:
         app = create_dash_app(f"http://127.0.0.1:{api_port}")
-        with ThreadedServer(app.server, dash_port):
+        with ServerThread(make_server("127.0.0.1", dash_port, app.server, threaded=True)):
             yield Service(
                 f"http://127.0.0.1:{dash_port}",
                 "smollm2-135m",
@@ -336,22 +285,28 @@ def check_arrays_download(page) -> None:
     assert page.locator("#arrays-link").is_visible()
 
 
+def record_outside_requests(context, outside: list[str]) -> None:
+    """Append to `outside` every request the browser context sends beyond 127.0.0.1 (data: and blob:
+    URLs stay in the page): the dashboard must load nothing from the internet."""
+    context.on(
+        "request",
+        lambda request: (
+            outside.append(request.url)
+            if not request.url.startswith(("http://127.0.0.1", "data:", "blob:"))
+            else None
+        ),
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dashboard_in_a_real_browser(service: Service):
     playwright_api = pytest.importorskip("playwright.sync_api")
     outside: list[str] = []
     with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        context.on(
-            "request",
-            lambda request: (
-                outside.append(request.url)
-                if not request.url.startswith(("http://127.0.0.1", "data:", "blob:"))
-                else None
-            ),
-        )
+        record_outside_requests(context, outside)
         page = context.new_page()
         page.goto(f"{service.url}/?model={service.model}&temperature=0.7")  # off-policy: mean shift > 0
         wait_for_restore(page)
@@ -396,14 +351,7 @@ def test_dashboard_in_a_real_browser(service: Service):
         link = page.input_value("#share-link")
         assert "slide=10" in link and "prefix=She+drank" in link
         fresh = browser.new_context(viewport={"width": 1400, "height": 1000})
-        fresh.on(
-            "request",
-            lambda request: (
-                outside.append(request.url)
-                if not request.url.startswith(("http://127.0.0.1", "data:", "blob:"))
-                else None
-            ),
-        )
+        record_outside_requests(fresh, outside)
         shared = fresh.new_page()
         shared.goto(link)
         wait_for_reading(shared, 30_000)

@@ -110,8 +110,15 @@ def collect_bins(
     """Append the values of ``chunk`` that fall in the ``wanted`` bins; returns the bin index used."""
     flat = chunk.reshape(-1)
     index = _bins(flat) if index is None else index
+    if not wanted:
+        return index
+    # one lookup for all wanted bins, then split the (small) selection by bin
+    lookup = torch.zeros(N_BINS, dtype=torch.bool, device=index.device)
+    lookup[list(wanted)] = True
+    hit = lookup[index]
+    values, bins = flat[hit], index[hit]
     for b in wanted:
-        sel = flat[index == b]
+        sel = values[bins == b]
         if sel.numel():
             into.setdefault(b, []).append(sel.to(torch.float64))
     return index

@@ -158,16 +158,26 @@ TOTAL_KEYS = (
 )
 
 
-def tensor_totals(sums: MomentSums, name: str) -> dict[str, float]:
-    """Sums of the non-negative stats, sums of squares of the signed ones, the mean of rho."""
-    fisher = float(sums.stat("fisher", name).sum())
+def tensor_totals(
+    sums: MomentSums, name: str, computed: dict[str, torch.Tensor] | None = None
+) -> dict[str, float]:
+    """Sums of the non-negative stats, sums of squares of the signed ones, the mean of rho.
+
+    ``computed`` holds stats of this tensor the caller already formed, so none is formed twice.
+    """
+    computed = computed or {}
+
+    def value_of(stat: str) -> torch.Tensor:
+        return computed[stat] if stat in computed else sums.stat(stat, name)
+
+    fisher = float(value_of("fisher").sum())
 
     def total(stat: str, squared: bool = False) -> float:
         if sums.identically_zero(stat):
             return 0.0
         if sums.alias(stat) == "fisher":
             return fisher
-        value = sums.stat(stat, name)
+        value = value_of(stat)
         return float(value.square().sum() if squared else value.sum())
 
     totals = {
@@ -221,17 +231,38 @@ def _curve(hist: Histogram, named: list) -> dict:
     }
 
 
+def _distinct_stats(sums: MomentSums, stats: tuple[str, ...]) -> list[str]:
+    """Stats that need their own computation: no alias of another, not zero by construction."""
+    out: list[str] = []
+    for stat in stats:
+        if not sums.identically_zero(stat) and sums.alias(stat) not in out:
+            out.append(sums.alias(stat))
+    return out
+
+
 def model_summary(
     sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...]
 ) -> dict:
-    """Totals per tensor / layer / kind, concentration, top coordinates, top-q overlap."""
+    """Totals per tensor / layer / kind, concentration, top coordinates, top-q overlap.
+
+    Pass 1 forms each stat of each tensor once (totals, histograms, top coordinates); pass 2 reads
+    only the boundary bins for the exact named shares, per tensor (Fisher) and over the model.
+    """
+    curve = _distinct_stats(sums, curve_stats)
+    top_stats = _distinct_stats(sums, TOP_STATS)
     tensors, layers, kinds = [], {}, {}
     model_totals: dict[str, float] = {}
-    fisher_hists = {}
+    hists: dict[str, dict[str, Histogram]] = {stat: {} for stat in curve}
+    candidates: dict[str, list[tuple[float, str, int, float]]] = {stat: [] for stat in top_stats}
     for name in sums.names:
-        totals = tensor_totals(sums, name)
+        computed = {stat: sums.stat(stat, name) for stat in dict.fromkeys(curve + top_stats)}
+        totals = tensor_totals(sums, name, computed)
+        for stat in curve:
+            hists[stat][name] = histogram([computed[stat]])
+        for stat in top_stats:
+            candidates[stat].extend(_top_candidates(name, computed[stat], stat in SIGNED_STATS))
+        del computed
         numel = math.prod(sums.shapes[name])
-        fisher_hists[name] = histogram([sums.stat("fisher", name)])
         kind = module_kind(name, head_name, embedding_name)
         layer = layer_of(name, embedding_name)
         tensors.append(
@@ -249,28 +280,26 @@ def model_summary(
             entry["numel"] += numel
             _add_totals(entry["totals"], totals, numel)
         _add_totals(model_totals, totals, numel)
-    # one more pass over the Fisher gives the exact named shares per tensor and over the model
-    fisher_hist = merge(fisher_hists.values())
-    model_plan = plan_thresholds(fisher_hist, NAMED_FRACTIONS)
-    model_members: dict[int, list[torch.Tensor]] = {}
+    model_hists = {stat: merge(hists[stat].values()) for stat in curve}
+    model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in curve}
+    model_members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in curve}
     for entry in tensors:
         name = entry["name"]
-        plan = plan_thresholds(fisher_hists[name], NAMED_FRACTIONS)
-        members: dict[int, list[torch.Tensor]] = {}
-        fisher = sums.stat("fisher", name)
-        index = collect_bins(fisher, plan.bins, members) if plan.bins else None
-        collect_bins(fisher, model_plan.bins, model_members, index)
-        entry["concentration"] = {"fisher": _shares(fisher_hists[name], plan.finish(members))}
-    concentration = {"fisher": _curve(fisher_hist, model_plan.finish(model_members))}
+        tensor_plan = plan_thresholds(hists["fisher"][name], NAMED_FRACTIONS)
+        for stat in curve:
+            wanted = model_plans[stat].bins | (tensor_plan.bins if stat == "fisher" else set())
+            found: dict[int, list[torch.Tensor]] = {}
+            collect_bins(sums.stat(stat, name), wanted, found)
+            for b in model_plans[stat].bins:
+                model_members[stat].setdefault(b, []).extend(found.get(b, []))
+            if stat == "fisher":
+                mine = {b: found.get(b, []) for b in tensor_plan.bins}
+                entry["concentration"] = {"fisher": _shares(hists["fisher"][name], tensor_plan.finish(mine))}
+    concentration = {
+        stat: _curve(model_hists[stat], model_plans[stat].finish(model_members[stat])) for stat in curve
+    }
     for stat in curve_stats:
-        if stat in concentration:
-            continue
-        if sums.alias(stat) in concentration:
-            concentration[stat] = concentration[sums.alias(stat)]
-            continue
-        chunks = _magnitude(sums, stat)
-        hist = histogram(chunks())
-        concentration[stat] = _curve(hist, thresholds(hist, chunks, NAMED_FRACTIONS))
+        concentration.setdefault(stat, concentration[sums.alias(stat)])
     n_total = sum(t["numel"] for t in tensors)
     return {
         "totals": _normalize_rho(model_totals, n_total),
@@ -284,33 +313,39 @@ def model_summary(
             for k, v in kinds.items()
         ],
         "concentration": concentration,
-        "top_coordinates": top_coordinates(sums),
-        "overlap": overlap(sums, concentration) if sums.has_reward else None,
+        "top_coordinates": _top_coordinates(sums, candidates),
+        "overlap": overlap(sums) if sums.has_reward else None,
     }
 
 
-def top_coordinates(sums: MomentSums, k: int = TOP_COORDINATES) -> dict[str, list[dict]]:
+TOP_STATS = ("fisher", "uncentered", "raw", "mean_shift", "policy_grad")
+
+
+def _top_candidates(name: str, value: torch.Tensor, signed: bool, k: int = TOP_COORDINATES) -> list[tuple]:
+    flat = value.reshape(-1)
+    magnitude = flat.abs() if signed else flat
+    top = torch.topk(magnitude, min(k, flat.numel()))
+    return [
+        (float(m), name, int(i), float(flat[i]))
+        for m, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+    ]
+
+
+def _top_coordinates(
+    sums: MomentSums, candidates: dict[str, list[tuple]], k: int = TOP_COORDINATES
+) -> dict[str, list[dict]]:
     """The k largest coordinates of each stat over the whole model (by magnitude for signed stats)."""
-    stats = ["fisher", "uncentered", "raw", "mean_shift"] + (["policy_grad"] if sums.has_reward else [])
     out: dict[str, list[dict]] = {}
-    for stat in stats:
+    for stat in TOP_STATS:
+        if stat == "policy_grad" and not sums.has_reward:
+            continue
         if sums.identically_zero(stat):
             out[stat] = []
             continue
-        if sums.alias(stat) in out:
-            out[stat] = out[sums.alias(stat)]
-            continue
-        candidates = []
-        for name, value in sums.iter_stat(stat):
-            flat = value.reshape(-1)
-            magnitude = flat.abs() if stat in SIGNED_STATS else flat
-            top = torch.topk(magnitude, min(k, flat.numel()))
-            for idx in top.indices.tolist():
-                candidates.append((float(magnitude[idx]), name, idx, float(flat[idx])))
-        candidates.sort(key=lambda c: -c[0])
+        ranked = sorted(candidates[sums.alias(stat)], key=lambda c: -c[0])[:k]
         out[stat] = [
             {"tensor": name, "index": list(_unravel(idx, sums.shapes[name])), "value": value}
-            for _, name, idx, value in candidates[:k]
+            for _, name, idx, value in ranked
         ]
     return out
 
@@ -323,7 +358,7 @@ def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def overlap(sums: MomentSums, concentration: dict) -> dict:
+def overlap(sums: MomentSums) -> dict:
     """|top-q by fisher ∩ top-q by |policy_grad|| / |top-q|, against the random baseline q."""
     fisher_hist = histogram(_magnitude(sums, "fisher")())
     grad_chunks = _magnitude(sums, "policy_grad")
