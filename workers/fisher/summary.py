@@ -260,7 +260,8 @@ def model_summary(
         for stat in curve:
             hists[stat][name] = histogram([computed[stat]])
         for stat in top_stats:
-            candidates[stat].extend(_top_candidates(name, computed[stat], stat in SIGNED_STATS))
+            if stat not in curve:  # curve stats find their top coordinates from the histogram below
+                candidates[stat].extend(_top_candidates(name, computed[stat], stat in SIGNED_STATS))
         del computed
         numel = math.prod(sums.shapes[name])
         kind = module_kind(name, head_name, embedding_name)
@@ -283,13 +284,20 @@ def model_summary(
     model_hists = {stat: merge(hists[stat].values()) for stat in curve}
     model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in curve}
     model_members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in curve}
+    # the bin holding the model's TOP_COORDINATES-th largest value: everything at or above it is a candidate
+    top_bins = {stat: _top_bin(model_hists[stat]) for stat in curve}
     for entry in tensors:
         name = entry["name"]
         tensor_plan = plan_thresholds(hists["fisher"][name], NAMED_FRACTIONS)
         for stat in curve:
             wanted = model_plans[stat].bins | (tensor_plan.bins if stat == "fisher" else set())
             found: dict[int, list[torch.Tensor]] = {}
-            collect_bins(sums.stat(stat, name), wanted, found)
+            value = sums.stat(stat, name)
+            index = collect_bins(value, wanted, found)
+            if stat in candidates:
+                flat = value.reshape(-1)
+                for i in torch.nonzero(index >= top_bins[stat]).flatten().tolist():
+                    candidates[stat].append((float(flat[i]), name, i, float(flat[i])))
             for b in model_plans[stat].bins:
                 model_members[stat].setdefault(b, []).extend(found.get(b, []))
             if stat == "fisher":
@@ -319,6 +327,12 @@ def model_summary(
 
 
 TOP_STATS = ("fisher", "uncentered", "raw", "mean_shift", "policy_grad")
+
+
+def _top_bin(hist: Histogram, k: int = TOP_COORDINATES) -> int:
+    """The histogram bin of the k-th largest value (bin 1 when fewer than k values are non-zero)."""
+    (row,) = plan_thresholds(hist, [k / max(hist.total_count, 1)]).rows
+    return row[1] if row[1] is not None else 1
 
 
 def _top_candidates(name: str, value: torch.Tensor, signed: bool, k: int = TOP_COORDINATES) -> list[tuple]:
