@@ -23,7 +23,7 @@ N_BINS = 1 << (31 - _SHIFT)  # positive float32: sign bit 0
 def _bins(values: torch.Tensor) -> torch.Tensor:
     """Monotone bin index (rounding to float32 is monotone too). Zeros, denormals below 2^-126 and
     rounding-level negatives all land in bin 0, which is treated as zero."""
-    return (values.float().view(torch.int32) >> _SHIFT).clamp_(min=0).long()
+    return (values.float().view(torch.int32) >> _SHIFT).clamp_(min=0)  # int32: bincount takes it as is
 
 
 @dataclass
@@ -112,10 +112,8 @@ def collect_bins(
     index = _bins(flat) if index is None else index
     if not wanted:
         return index
-    # one lookup for all wanted bins, then split the (small) selection by bin
-    lookup = torch.zeros(N_BINS, dtype=torch.bool, device=index.device)
-    lookup[list(wanted)] = True
-    hit = lookup[index]
+    # bins are monotone in the value: one comparison keeps the top values, then split that subset
+    hit = index >= min(wanted)
     values, bins = flat[hit], index[hit]
     for b in wanted:
         sel = values[bins == b]
