@@ -164,7 +164,9 @@ class AnalysisService:
             raise ServiceError(404, f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first")
         return stored
 
-    def _public(self, analysis_id: str, meta: dict, result: dict | None) -> AnalysisPublic:
+    def _public(self, analysis_id: str, meta: dict | None, result: dict | None) -> AnalysisPublic:
+        if meta is None:  # _read and submit_id answer 404 before this
+            raise ServiceError(404, f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first")
         return AnalysisPublic(
             id=analysis_id,
             status=meta["status"],

@@ -108,7 +108,7 @@ def _instrumented(decoder: nn.Module, records: list[CapturedModule]) -> Iterator
                 x: torch.Tensor, m: nn.Module = module, n: str = name, e: float = eps
             ) -> torch.Tensor:
                 xhat = _normalize_rms(x, e)
-                out = m.weight * xhat
+                out = module_weight(m) * xhat
                 record(n, "norm", m, xhat, out)
                 return out
 
@@ -123,9 +123,25 @@ def _instrumented(decoder: nn.Module, records: list[CapturedModule]) -> Iterator
             del module.forward
 
 
+def model_part(model: nn.Module, accessor: str) -> nn.Module:
+    """``model.<accessor>()`` (HF's get_decoder, get_input_embeddings, get_output_embeddings), checked."""
+    get = getattr(model, accessor, None)
+    part = get() if callable(get) else None
+    if not isinstance(part, nn.Module):
+        raise UnsupportedArchitecture(f"{type(model).__name__} has no {accessor}()")
+    return part
+
+
+def module_weight(module: nn.Module) -> torch.Tensor:
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise UnsupportedArchitecture(f"{type(module).__name__} has no weight tensor")
+    return weight
+
+
 def capture_forward(model: nn.Module, input_ids: torch.Tensor) -> CapturedForward:
     """Run the decoder on ``input_ids`` [t] and keep features and outputs of every parameter module."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    decoder = model_part(model, "get_decoder")
     records: list[CapturedModule] = []
     with torch.enable_grad(), _instrumented(decoder, records):
         out = decoder(input_ids=input_ids[None], use_cache=False)

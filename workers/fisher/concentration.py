@@ -137,7 +137,9 @@ def thresholds(
 def merge(histograms: Iterable[Histogram]) -> Histogram:
     hists = list(histograms)
     return Histogram(
-        sum(h.counts for h in hists), sum(h.sums for h in hists), sum(h.total_count for h in hists)
+        torch.stack([h.counts for h in hists]).sum(0),
+        torch.stack([h.sums for h in hists]).sum(0),
+        sum(h.total_count for h in hists),
     )
 
 

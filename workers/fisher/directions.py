@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.fisher.capture import CapturedForward, CapturedModule
+from workers.fisher.capture import CapturedForward, CapturedModule, module_weight
 
 Progress = Callable[[float], None]
 
@@ -55,14 +55,6 @@ class DirectionResults:
     probes: dict[str, torch.Tensor] = field(default_factory=dict)  # [d] per probe
 
 
-def parameter_shapes(module: CapturedModule) -> dict[str, tuple[int, ...]]:
-    shapes = {f"{module.name}.weight": tuple(module.module.weight.shape)}
-    bias = getattr(module.module, "bias", None)
-    if isinstance(bias, torch.Tensor):
-        shapes[f"{module.name}.bias"] = tuple(bias.shape)
-    return shapes
-
-
 def _embedding_rows(module: CapturedModule, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Only rows of tokens present in the prefix have input-side gradient: ([c] ids, [b, c, o] rows)."""
     ids = module.feature[: delta.shape[1]]
@@ -74,7 +66,7 @@ def _embedding_rows(module: CapturedModule, delta: torch.Tensor) -> tuple[torch.
 
 def _dense_rows(module: CapturedModule, unique: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Scatter [..., c, o] token rows into a full [..., V, o] embedding-shaped tensor."""
-    vocab = module.module.weight.shape[0]
+    vocab = module_weight(module.module).shape[0]
     dense = rows.new_zeros(*rows.shape[:-2], vocab, rows.shape[-1])
     dense[..., unique, :] = rows
     return dense
@@ -120,7 +112,7 @@ class _SquareAccumulator:
         for index, module in enumerate(capture.modules):
             if module.kind != "linear":
                 continue
-            out, inp = module.module.weight.shape
+            out, inp = module_weight(module.module).shape
             t = length
             direct_flops = directions * 2 * t * out * inp + directions * out * inp
             ghost_flops = directions * 2 * out * t * t + 2 * out * inp * t * t
@@ -187,9 +179,9 @@ def backprop_directions(
     for g, group in enumerate(squares):
         rows.extend(("square", g, None) for _ in range(group.vectors.shape[0]))
         vectors.append(group.vectors.to(dtype))
-    for g, group in enumerate(linears):
+    for g, linear in enumerate(linears):
         rows.append(("linear", g, None))
-        vectors.append(group.vector.to(dtype)[None])
+        vectors.append(linear.vector.to(dtype)[None])
     for g, probe in enumerate(probes):
         rows.append(("probe", g, None))
         vectors.append(probe.vector.to(dtype)[None])

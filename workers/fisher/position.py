@@ -16,7 +16,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workers.fisher.capture import CapturedForward, UnsupportedArchitecture, capture_forward
+from workers.fisher.capture import (
+    CapturedForward,
+    UnsupportedArchitecture,
+    capture_forward,
+    model_part,
+    module_weight,
+)
 from workers.fisher.covariance import OutputCovariance, output_covariance
 from workers.fisher.directions import EmbeddingRowProbe, LinearGroup, SquareGroup, backprop_directions
 from workers.fisher.methods import Method, SecondMomentPlan, second_moment_plan
@@ -68,13 +74,13 @@ class HeadLayout:
 
     @staticmethod
     def of(model: nn.Module) -> HeadLayout:
-        head = model.get_output_embeddings()
+        head = model_part(model, "get_output_embeddings")
         if not isinstance(head, nn.Linear) or head.bias is not None:
             raise UnsupportedArchitecture("the LM head must be a bias-free nn.Linear (z = W h)")
         for attr in ("final_logit_softcapping", "logit_scale"):
             if getattr(model.config, attr, None) not in (None, 1, 1.0):
                 raise UnsupportedArchitecture(f"models with {attr} are not supported")
-        embedding = model.get_input_embeddings()
+        embedding = module_weight(model_part(model, "get_input_embeddings"))
         names, shapes = [], {}
         head_name = embedding_name = ""
         for name, param in model.named_parameters():
@@ -82,13 +88,13 @@ class HeadLayout:
             shapes[name] = tuple(param.shape)
             if param is head.weight:
                 head_name = name
-            if param is embedding.weight:
+            if param is embedding:
                 embedding_name = name
-        return HeadLayout(head_name, embedding_name, head.weight is embedding.weight, names, shapes)
+        return HeadLayout(head_name, embedding_name, head.weight is embedding, names, shapes)
 
 
 def head_rows(model: nn.Module) -> torch.Tensor:
-    return model.get_output_embeddings().weight.detach()
+    return module_weight(model_part(model, "get_output_embeddings")).detach()
 
 
 def _head_term(coefficient: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

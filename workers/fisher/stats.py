@@ -96,6 +96,12 @@ class MomentSums:
             return (self.sums["common"][name] + self.sums["mean_shift"][name]).square()
         return value
 
+    def _common_sq(self, name: str) -> torch.Tensor:
+        value = self._get("common_sq", name)
+        if value is None:  # every position adds the common component, so this means nothing was added
+            raise ValueError("no position has been added")
+        return value
+
     @property
     def has_reward(self) -> bool:
         return "policy_grad" in self.sums
@@ -130,11 +136,11 @@ class MomentSums:
             return fisher if shift_sq is None else fisher + shift_sq
         if stat == "raw":
             kbar_mu_sq = self._get("kbar_mu_sq", name)
-            return fisher + (self._get("common_sq", name) if kbar_mu_sq is None else kbar_mu_sq)
+            return fisher + (self._common_sq(name) if kbar_mu_sq is None else kbar_mu_sq)
         if stat == "rho":
             fisher_p = self._get("fisher_p", name)
             fisher_p = fisher if fisher_p is None else fisher_p
-            common_sq = self._get("common_sq", name)
+            common_sq = self._common_sq(name)
             return _safe_ratio(common_sq, fisher_p + common_sq)
         return self.sums[stat][name]  # mean_shift, common, policy_grad, bound
 

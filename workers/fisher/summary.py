@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -250,7 +251,9 @@ def model_summary(
     """
     curve = _distinct_stats(sums, curve_stats)
     top_stats = _distinct_stats(sums, TOP_STATS)
-    tensors, layers, kinds = [], {}, {}
+    tensors: list[dict[str, Any]] = []
+    layers: dict[int | str, dict[str, Any]] = {}
+    kinds: dict[str, dict[str, Any]] = {}
     model_totals: dict[str, float] = {}
     hists: dict[str, dict[str, Histogram]] = {stat: {} for stat in curve}
     candidates: dict[str, list[tuple[float, str, int, float]]] = {stat: [] for stat in top_stats}
@@ -276,10 +279,12 @@ def model_summary(
                 "totals": totals,
             }
         )
-        for table, key in ((layers, layer), (kinds, kind)):
-            entry = table.setdefault(key, {"numel": 0, "totals": {}})
-            entry["numel"] += numel
-            _add_totals(entry["totals"], totals, numel)
+        for group in (
+            layers.setdefault(layer, {"numel": 0, "totals": {}}),
+            kinds.setdefault(kind, {"numel": 0, "totals": {}}),
+        ):
+            group["numel"] += numel
+            _add_totals(group["totals"], totals, numel)
         _add_totals(model_totals, totals, numel)
     model_hists = {stat: merge(hists[stat].values()) for stat in curve}
     model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in curve}
