@@ -442,10 +442,11 @@ def candidate_chips(summary: dict) -> list[Any]:
 def top_coordinates_table(summary: dict, stat: str, limit: int = 15) -> html.Table | html.Div:
     """The largest single coordinates of the toggle's statistic, with their share of the model total."""
     rows = summary["top_coordinates"].get(stat, [])[:limit]
+    # the engine lists only non-zero coordinates: an empty list with a zero total means all are zero
+    if not any(row["value"] for row in rows) and not summary["totals"].get(stat):
+        return html.Div(f"the {figures.STAT_LABEL.get(stat, stat)} is 0 at every coordinate here")
     if not rows:
         return html.Div(f"no top coordinates stored for {stat}")
-    if not any(row["value"] for row in rows):
-        return html.Div(f"the {figures.STAT_LABEL.get(stat, stat)} is 0 at every coordinate here")
     total = summary["totals"].get(stat) or 0.0
     header = html.Tr(
         [html.Th("tensor"), html.Th("index [row, col]"), html.Th(stat), html.Th("share of total")]

@@ -514,31 +514,121 @@ def shift_growth(summary: Summary) -> go.Figure:
     return fig
 
 
+def decade_label(exponent: int) -> str:
+    """10^k as a reader writes it: 1 and 10 plainly, higher and negative powers with a superscript."""
+    if exponent == 0:
+        return "1"
+    if exponent == 1:
+        return "10"
+    return f"10<sup>{exponent}</sup>".replace("<sup>-", "<sup>−")
+
+
+def decade_exponents(low: int, high: int, most: int = 10) -> list[int]:
+    """Whole decades from `low` to `high` (inclusive), thinned to a step of 1, 2, 5, 10, ... so that at
+    most `most` ticks are labelled however many decades the data span."""
+    span = max(high - low, 1)
+    steps = (mantissa * 10**power for power in itertools.count() for mantissa in (1, 2, 5))
+    step = next(step for step in steps if span / step <= most)
+    first = math.ceil(low / step) * step
+    return list(range(first, high + 1, step))
+
+
+def decade_range(log10_values: list[float]) -> tuple[int, int]:
+    """Whole-decade axis bounds strictly around the values (in log10 units): every point, and every
+    bar's top, lies inside the axis instead of on its edge."""
+    low = math.floor(min(log10_values))
+    if low == min(log10_values):
+        low -= 1
+    return low, math.floor(max(log10_values)) + 1
+
+
+def chi2_decade_ranges(
+    positive_chi2: list[float], log10_sums: list[float]
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Whole-decade ranges (log10 units) of slide 9's two axes: chi^2_t on the left, the running
+    log10(1 + chi^2) on the right. The sums start at 0 (the product at 1); chi^2_t below 1
+    (p(y_t) > 1/2) opens decades under it. Both axes take one shared range, so a decade on the left is
+    a decade on the right, unless that would squeeze the bars into less than half the height (a long
+    response whose product spans hundreds of decades)."""
+    log10_chi2 = [math.log10(value) for value in positive_chi2]
+    left = (min(0, decade_range(log10_chi2)[0]), decade_range(log10_chi2)[1]) if log10_chi2 else (0, 1)
+    right = (0, decade_range(log10_sums)[1])
+    shared = (min(left[0], right[0]), max(left[1], right[1]))
+    if 2 * (left[1] - left[0]) >= shared[1] - shared[0]:
+        return shared, shared
+    return left, right
+
+
 def chi2_growth(summary: Summary) -> go.Figure:
-    """Slide 9: chi^2 per position and log(1 + chi^2) accumulated against T log(1 + min chi^2)."""
+    """Slide 9: chi^2 per position (left) and 1 + chi^2(D || pi) of the response so far (right), against
+    the floor (1 + c)^t with c the smallest per-position chi^2.
+
+    For a one-hot D on the response, 1 + chi^2(D || pi) = 1/pi(y) = prod_t (1 + chi^2_t), so the right
+    axis shows exp(sum_t log(1 + chi^2_t)). It is drawn in log10 units on a linear axis labelled in whole
+    decades rather than as the product on a log axis: the product overflows a float after a few hundred
+    tokens, its logarithm never does. Both axes have explicit ranges and tick values; left to itself,
+    Plotly syncs an overlaying axis's ticks to the primary one ('sync'), which on a log primary axis gives
+    odd labels and a range that cuts the running sum off.
+    """
     response = summary.get("response")
     if not response:
         return message_figure("Add a continuation to see the χ² signal grow along the response.")
     labels = response_labels(summary)
-    floor = min(response["chi2"])
+    chi2 = response["chi2"]
+    positive = [value for value in chi2 if value > 0]
+    floor = min(chi2)
+    log10_running = [total / math.log(10) for total in response["log_one_plus_chi2_cum"]]
+    log10_floor = [(t + 1) * math.log1p(floor) / math.log(10) for t in range(len(labels))]
+
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Bar(x=labels, y=response["chi2"], name="χ²(one-hot(y_t) ‖ p) = 1/p(y_t) − 1"))
     fig.add_trace(
-        go.Scatter(x=labels, y=response["log_one_plus_chi2_cum"], name="Σ log(1+χ²_t)", mode="lines+markers"),
+        go.Bar(x=labels, y=positive_or_none(chi2), name="χ²_t = 1/p(y_t) − 1 (left)", marker_color="#1f77b4")
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=labels,
+            y=log10_running,
+            customdata=response["log_one_plus_chi2_cum"],
+            hovertemplate="1 + χ² = 10^%{y:.2f}<br>Σ log(1+χ²_t) = %{customdata:.2f}<extra></extra>",
+            name="1 + χ²(D‖π) = ∏(1+χ²_t) up to t (right)",
+            mode="lines+markers",
+            line={"color": "#d62728"},
+        ),
         secondary_y=True,
     )
     fig.add_trace(
         go.Scatter(
             x=labels,
-            y=[(t + 1) * math.log1p(floor) for t in range(len(labels))],
-            name="T·log(1+c), c = min χ²",
+            y=log10_floor,
+            hovertemplate="(1+c)^t = 10^%{y:.2f}<extra></extra>",
+            name="(1+c)^t, c = min χ²_t (right)",
             mode="lines",
-            line={"dash": "dot"},
+            line={"color": "#2ca02c", "dash": "dot"},
         ),
         secondary_y=True,
     )
-    fig.update_yaxes(title_text="χ² per position (log)", type="log", **LOG_TICKS, secondary_y=False)
-    fig.update_yaxes(title_text="log(1 + χ²(D‖π))", secondary_y=True)
+
+    left, right = chi2_decade_ranges(positive, log10_running + log10_floor)
+    left_ticks, right_ticks = decade_exponents(*left), decade_exponents(*right)
+    fig.update_yaxes(
+        title_text="χ²_t per position (log)",
+        type="log",
+        range=list(left),
+        tickmode="array",
+        tickvals=[10.0**k for k in left_ticks],
+        ticktext=[decade_label(k) for k in left_ticks],
+        secondary_y=False,
+    )
+    fig.update_yaxes(
+        title_text="1 + χ²(D‖π) of the response so far (log)",
+        range=list(right),
+        tickmode="array",
+        tickvals=right_ticks,
+        ticktext=[decade_label(k) for k in right_ticks],
+        showgrid=left != right,  # one shared range: the left axis's grid lines serve both
+        gridcolor="#f4e4e4",
+        secondary_y=True,
+    )
     fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.25})
     return fig
 

@@ -9,7 +9,8 @@ from dash import dcc, html
 
 from frontend.state import CENTERINGS, ENGINES, SAMPLER_KINDS, DashboardState
 
-GRAPH_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+# typed with dcc.Graph's own TypedDict, so a misspelt option or a wrong export format is a type error
+GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 CENTERING_LABELS = {"on": "centered (Fisher)", "off": "uncentered", "raw": "raw"}
 
 

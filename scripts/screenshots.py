@@ -6,6 +6,8 @@ docs/screenshots/smollm2/slideNN.png and explorer.png. Four analyses of "She dra
 each for the slides it has content for; an exact analysis takes about 15 s to a minute on a CPU.
 
     .venv/bin/python scripts/screenshots.py [--out docs/screenshots/smollm2] [--model smollm2-135m]
+
+`--slides 9` retakes only the slides named (and computes only their analyses), without the explorer.
 """
 
 from __future__ import annotations
@@ -61,19 +63,29 @@ def wait_until_drawn(page, timeout_ms: int) -> None:
     page.wait_for_timeout(1500)
 
 
-def shoot(base: str, model: str, out: Path) -> None:
+def shown(path: Path) -> Path:
+    """The path as printed: relative to the checkout when it lies inside it (--out may be anywhere)."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def shoot(base: str, model: str, out: Path, slides: list[int]) -> None:
+    """Screenshot the given slides; the explorer too when every slide is taken."""
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
-        for slide, view in SLIDE_VIEW.items():
+        for slide in slides:
+            view = SLIDE_VIEW[slide]
             page.goto(view_url(base, model, view, slide))
             wait_until_drawn(page, 600_000)
             path = out / f"slide{slide:02d}.png"
             page.screenshot(path=str(path), full_page=True)
-            print(f"{path.relative_to(ROOT)}: {view}: {page.inner_text('#slide-reading')}", flush=True)
+            print(f"{shown(path)}: {view}: {page.inner_text('#slide-reading')}", flush=True)
+        if sorted(slides) != sorted(SLIDE_VIEW):
+            browser.close()
+            return
 
         page.goto(view_url(base, model, "response on-policy", 4))
         wait_until_drawn(page, 600_000)
@@ -87,7 +99,7 @@ def shoot(base: str, model: str, out: Path) -> None:
         )
         page.wait_for_timeout(1000)
         page.locator(".explorer").screenshot(path=str(out / "explorer.png"))
-        print(f"{(out / 'explorer.png').relative_to(ROOT)}", flush=True)
+        print(shown(out / "explorer.png"), flush=True)
         browser.close()
 
 
@@ -102,6 +114,15 @@ def main() -> None:
         default=None,
         help="results folder to reuse (analyses computed there open at once); default: a new temp one",
     )
+    parser.add_argument(
+        "--slides",
+        type=int,
+        nargs="+",
+        choices=sorted(SLIDE_VIEW),
+        default=sorted(SLIDE_VIEW),
+        metavar="N",
+        help="slides to take (1..10); default: all, and then the explorer too",
+    )
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         raise SystemExit("Debian chromium is missing: apt-get install chromium")
@@ -109,7 +130,7 @@ def main() -> None:
         results = args.cache or Path(folder)
         try:
             with embedded_service(results / "results", results / "exports", args.port) as base:
-                shoot(base, args.model, args.out.resolve())
+                shoot(base, args.model, args.out.resolve(), args.slides)
         except ServiceDidNotStart as error:
             raise SystemExit(str(error)) from None
 

@@ -1,200 +1,54 @@
 """Browser tests in headless Debian Chromium (Playwright, never a downloaded browser).
 
-Against the real service (embedded `backend.embedded`, model tiny-random) when the engine is importable;
-otherwise against a stand-in API that serves the fixture summary with the contract's shapes. Both type a
-prefix, run, wait for the figures, toggle centering, step slides with the arrow keys, open the share link
-in a fresh context (nothing recomputed), check a bad link's message and that no request leaves
-127.0.0.1, and save a screenshot of every slide into artifacts/browser/ (not tracked; the committed
-screenshots of the real model come from scripts/screenshots.py).
+Against the real service: `fisherscope serve` in embedded mode (`frontend.devserver.embedded_service`,
+model tiny-random) in a subprocess with its own result folder. The test types a prefix, runs, waits for
+the figures, toggles centering, steps slides with the arrow keys, opens the share link in a fresh context
+(nothing recomputed), checks a bad link's message and that no request leaves 127.0.0.1, and saves a
+screenshot of every slide into artifacts/browser/ (not tracked; the committed screenshots of the real
+model come from scripts/screenshots.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
-import re
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import pytest
-from werkzeug.serving import make_server
 
-from frontend.app import create_dash_app
-from frontend.devserver import CHROMIUM, embedded_service, free_port, launch_chromium
+from frontend.devserver import CHROMIUM, embedded_service, launch_chromium
 
-FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2.json"
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "browser"
-
-
-class ServerThread:
-    """Serve an HTTP server (anything with serve_forever and shutdown) in a daemon thread for the
-    length of a with-block."""
-
-    def __init__(self, server: Any) -> None:
-        self.server = server
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Self:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-
-
-class FixtureApi(ServerThread):
-    """An HTTP API with the contract's shapes: the first POST of a request computes (two polls of
-    'running'), later identical POSTs answer 200 from its cache; `computations` counts the work."""
-
-    def __init__(self, port: int) -> None:
-        self.summary = json.loads(FIXTURE.read_text())
-        self.computations = 0
-        self.polls: dict[str, int] = {}
-        self.done: set[str] = set()
-        self.exports: dict[str, int] = {}
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def answer(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, answer = api.post(body)
-                self.answer(status, answer)
-
-            def do_GET(self) -> None:  # noqa: N802
-                status, answer = api.get(self.path)
-                self.answer(status, answer)
-
-        super().__init__(ThreadingHTTPServer(("127.0.0.1", port), Handler))
-
-    def public(self, analysis_id: str, status: str, progress: float) -> dict[str, Any]:
-        return {
-            "id": analysis_id,
-            "status": status,
-            "progress": progress,
-            "stage": "directions",
-            "result": self.summary if status == "done" else None,
-        }
-
-    def post(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if not body.get("prefix"):
-            return 422, {"detail": "prefix: must not be empty"}
-        analysis_id = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-        if analysis_id in self.done:
-            return 200, self.public(analysis_id, "done", 1.0)
-        if analysis_id not in self.polls:
-            self.computations += 1
-            self.polls[analysis_id] = 0
-        return 202, self.public(analysis_id, "queued", 0.0)
-
-    def get(self, path: str) -> tuple[int, Any]:
-        if path.startswith("/api/v1/stats"):
-            return 200, {"engine_runs": self.computations}
-        if path.startswith("/api/v1/models"):
-            return 200, [{"id": "smollm2-135m", "available": True}, {"id": "tiny-random", "available": True}]
-        if path.startswith("/api/v1/tokenize"):
-            from urllib.parse import parse_qs, urlparse
-
-            text = parse_qs(urlparse(path).query).get("text", [""])[0]
-            pieces = re.findall(r"\s?\S+", text)
-            return 200, {"tokens": [{"id": i, "text": piece} for i, piece in enumerate(pieces)]}
-        match = re.match(r"^/api/v1/analyses/([0-9a-f]{64})(/tensors/[^?]+|/safetensors)?", path)
-        if not match or match.group(1) not in self.polls:
-            return 404, {"detail": "unknown analysis"}
-        analysis_id = match.group(1)
-        if match.group(2) == "/safetensors":  # written by the second ask; served as JSON here
-            self.exports[analysis_id] = self.exports.get(analysis_id, 0) + 1
-            if self.exports[analysis_id] >= 2:
-                return 200, {"safetensors": "stand-in"}
-            return 202, self.public(analysis_id, "done", 1.0)
-        if match.group(2):
-            view = {
-                "shape": [2, 2],
-                "row_edges": [0, 288, 576],
-                "col_edges": [0, 288, 576],
-                "values": [[1.0, 2.0], [3.0, 4.0]],
-            }
-            return 200, {"tensor": match.group(2).split("/")[-1], "stat": "fisher", "view": view}
-        self.polls[analysis_id] += 1
-        if self.polls[analysis_id] >= 3:
-            self.done.add(analysis_id)
-            return 200, self.public(analysis_id, "done", 1.0)
-        return 200, self.public(analysis_id, "running", 0.4 * self.polls[analysis_id])
-
-
 PREFIX = "She drank a cup of"
-
-
-def engine_available() -> bool:
-    try:
-        return importlib.util.find_spec("workers.engine") is not None
-    except ImportError:
-        return False
+MODEL = "tiny-random"
 
 
 @dataclass
 class Service:
-    """Where the dashboard is and how to count the analyses the API computed."""
+    """Where the embedded service (API and dashboard on one port) is, and where it writes results."""
 
     url: str
-    model: str
-    computed: Callable[[], int]
-    api_url: str
+    results_dir: Path
+
+    def computed(self) -> int:
+        """Files in the service's result folder: a new analysis writes one, a cache hit none."""
+        return sum(1 for path in self.results_dir.rglob("*") if path.is_file())
 
     def engine_runs(self) -> int:
         """The API's own count of engine runs (GET /api/v1/stats); cache hits do not add to it."""
-        return int(httpx.get(f"{self.api_url}/api/v1/stats", timeout=10).json()["engine_runs"])
-
-
-@contextmanager
-def real_service(tmp: Path) -> Iterator[Service]:
-    """`fisherscope serve` in embedded mode in a subprocess, with its own result folder."""
-    results = tmp / "results"
-    with embedded_service(results, tmp / "exports") as url:
-        yield Service(url, "tiny-random", lambda: sum(1 for p in results.rglob("*") if p.is_file()), url)
-
-
-@contextmanager
-def fixture_service() -> Iterator[Service]:
-    api_port, dash_port = free_port(), free_port()
-    with FixtureApi(api_port) as api:
-        app = create_dash_app(f"http://127.0.0.1:{api_port}")
-        with ServerThread(make_server("127.0.0.1", dash_port, app.server, threaded=True)):
-            yield Service(
-                f"http://127.0.0.1:{dash_port}",
-                "smollm2-135m",
-                lambda: api.computations,
-                f"http://127.0.0.1:{api_port}",
-            )
+        return int(httpx.get(f"{self.url}/api/v1/stats", timeout=10).json()["engine_runs"])
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory) -> Iterator[Service]:
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian chromium is not installed (apt-get install chromium)")
-    if engine_available():
-        with real_service(tmp_path_factory.mktemp("service")) as running:
-            yield running
-    else:
-        with fixture_service() as running:
-            yield running
+    tmp = tmp_path_factory.mktemp("service")
+    results = tmp / "results"
+    with embedded_service(results, tmp / "exports") as url:
+        yield Service(url, results)
 
 
 def slide_values(page) -> dict[str, float]:
@@ -308,7 +162,7 @@ def test_dashboard_in_a_real_browser(service: Service):
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         record_outside_requests(context, outside)
         page = context.new_page()
-        page.goto(f"{service.url}/?model={service.model}&temperature=0.7")  # off-policy: mean shift > 0
+        page.goto(f"{service.url}/?model={MODEL}&temperature=0.7")  # off-policy: mean shift > 0
         wait_for_restore(page)
         page.fill("#prefix", PREFIX)
         page.fill("#continuation", " coffee and")

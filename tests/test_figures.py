@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -159,6 +161,64 @@ def test_response_view_follows_the_toggle(response_summary):
     assert list(uncentered.data[0].y) == response["uncentered_total"]
     assert list(centered.data[2].y) == response["p_target"]
     assert list(centered.data[3].y) == response["chi2"]
+
+
+def with_chi2(summary: dict, chi2: list[float]) -> dict:
+    """The summary with its response's chi^2 replaced (and its running log(1 + chi^2) recomputed)."""
+    changed = json.loads(json.dumps(summary))
+    changed["tokens"]["continuation"] = [{"id": t, "text": f" w{t}"} for t in range(len(chi2))]
+    changed["response"].update(
+        chi2=chi2,
+        T=len(chi2),
+        log_one_plus_chi2_cum=list(itertools.accumulate(math.log1p(value) for value in chi2)),
+    )
+    return changed
+
+
+def check_chi2_axes(figure, chi2: list[float]) -> None:
+    """Each axis spans whole decades, is labelled at whole decades and holds every point drawn on it."""
+    left, right = figure.layout.yaxis, figure.layout.yaxis2
+    assert left.type == "log" and left.tickmode == right.tickmode == "array"  # never Plotly's 'sync'
+    for axis, exponents in ((left, [math.log10(value) for value in left.tickvals]), (right, right.tickvals)):
+        low, high = axis.range
+        assert float(low).is_integer() and float(high).is_integer()
+        assert all(k == pytest.approx(round(k)) and low <= k <= high for k in exponents)
+        assert 2 <= len(exponents) <= 11
+        assert all("e+" not in label for label in axis.ticktext)
+    low, high = left.range
+    assert all(low < math.log10(value) < high for value in chi2 if value > 0)
+    low, high = right.range
+    for trace in figure.data[1:]:
+        assert all(low <= y < high for y in trace.y), trace.name
+
+
+def test_chi2_growth_plots_the_response_in_whole_decades(response_summary):
+    response = response_summary["response"]
+    figure = figures.chi2_growth(response_summary)
+    assert list(figure.data[0].y) == response["chi2"]
+    # the running sum of log(1 + chi^2_t), in decades of 1 + chi^2(D || pi)
+    assert [y * math.log(10) for y in figure.data[1].y] == pytest.approx(response["log_one_plus_chi2_cum"])
+    assert figure.data[1].y[-1] == pytest.approx(math.log10(1 + response["chi2"][-1]) + figure.data[1].y[-2])
+    check_chi2_axes(figure, response["chi2"])
+    # chi^2_t up to 1.3e4 and 1 + chi^2 up to 2.1e5: one shared range, so the decades line up
+    assert list(figure.layout.yaxis.range) == list(figure.layout.yaxis2.range) == [0, 6]
+    assert list(figure.layout.yaxis.ticktext[:3]) == ["1", "10", "10<sup>2</sup>"]
+
+
+@pytest.mark.parametrize(
+    "chi2",
+    [
+        [0.25, 0.004, 3.0],  # p(y_t) > 1/2: chi^2_t below 1 opens decades under 1
+        [0.0, 1.0, 10.0],  # p(y_t) = 1 (no bar on a log axis) and values on whole decades
+        [1.2e4] * 300,  # a long response: about 1,200 decades on the right, labelled every 200
+    ],
+)
+def test_chi2_growth_axes_hold_every_point(response_summary, chi2):
+    figure = figures.chi2_growth(with_chi2(response_summary, chi2))
+    check_chi2_axes(figure, chi2)
+    if len(chi2) == 300:  # a shared range would flatten the bars: each axis keeps its own
+        top = math.floor(300 * math.log10(1 + 1.2e4)) + 1  # 1 + chi^2 = 12001^300: 1,224 decades
+        assert list(figure.layout.yaxis.range) == [0, 5] and list(figure.layout.yaxis2.range) == [0, top]
 
 
 def test_data_sampler_response_says_the_fisher_under_mu_is_zero(data_summary):
