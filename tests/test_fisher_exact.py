@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.tiny_models import tiny_llama, tiny_qwen2
-from workers.fisher.methods import Method
+from workers.fisher.methods import Method, MethodName
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import analyze_sequence, log_likelihood_gradient
@@ -146,8 +146,8 @@ def test_truncated_to_the_whole_trace_is_exact(model):
     logits, _ = brute_force_logit_sensitivities(model, ids)
     p = torch.softmax(logits, -1)
     exact = _fast_stats(model, ids, p, p, None, True)
-    full = _fast_stats(model, ids, p, p, None, True, Method.parse("truncated:1.0"))
-    half = _fast_stats(model, ids, p, p, None, True, Method.parse("truncated:0.5"))
+    full = _fast_stats(model, ids, p, p, None, True, Method(MethodName.TRUNCATED, fraction=1.0))
+    half = _fast_stats(model, ids, p, p, None, True, Method(MethodName.TRUNCATED, fraction=0.5))
     head = "lm_head.weight" if "lm_head.weight" in exact.names else None
     for name in exact.names:
         torch.testing.assert_close(
@@ -165,7 +165,7 @@ def test_monte_carlo_converges_to_exact():
     exact = _fast_stats(model, ids, p, p, None, True)
     errors = []
     for samples in (16, 256, 4096):
-        estimate = _fast_stats(model, ids, p, p, None, True, Method.parse(f"mc:{samples}", seed=7))
+        estimate = _fast_stats(model, ids, p, p, None, True, Method(MethodName.MC, samples=samples, seed=7))
         num = sum(
             float((estimate.stat("fisher", n) - exact.stat("fisher", n)).square().sum()) for n in exact.names
         )

@@ -10,6 +10,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from backend.schemas import parse_method
 from tests.tiny_models import tiny_llama
 from workers.fisher.covariance import output_covariance
 from workers.fisher.methods import Method
@@ -131,4 +132,7 @@ def test_sampler_config_rejects_bad_values():
     with pytest.raises(ValueError, match="top_p"):
         SamplerConfig(top_p=1.5)
     with pytest.raises(ValueError, match="method"):
-        Method.parse("newton")
+        parse_method("newton")
+    with pytest.raises(ValueError, match="method"):
+        parse_method("truncated:1.5")
+    assert parse_method("mc:64") == ("mc", None, 64)

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import save_file
 
 from backend.cost import estimate_cost
-from backend.schemas import AnalysisJob
-from workers.fisher.methods import Method
+from backend.schemas import AnalysisJob, parse_method
+from workers.fisher.methods import Method, MethodName
 from workers.fisher.pooling import block_edges, pooled_view
 from workers.fisher.position import HeadLayout
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
@@ -65,8 +65,9 @@ def reward_vector(job: AnalysisJob, vocab_size: int) -> torch.Tensor | None:
 
 
 def job_method(job: AnalysisJob) -> Method:
+    name, fraction, samples = parse_method(job.method)
     # a fixed seed derived from the job keeps Monte Carlo results reproducible per cache key
-    return Method.parse(job.method, seed=int(job.key()[:8], 16))
+    return Method(MethodName(name), fraction=fraction, samples=samples, seed=int(job.key()[:8], 16))
 
 
 class Analysis:

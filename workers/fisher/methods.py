@@ -24,29 +24,13 @@ class MethodName(StrEnum):
 
 @dataclass(frozen=True)
 class Method:
+    """How second moments are formed. The text form (``exact`` | ``truncated:F`` | ``mc:S``) is parsed
+    once, by the wire schemas (``backend.schemas.parse_method``), which also reject bad values."""
+
     name: MethodName = MethodName.EXACT
     fraction: float | None = None  # truncated: share of trace to keep
     samples: int | None = None  # mc: tokens drawn
     seed: int = 0
-
-    @staticmethod
-    def parse(text: str, seed: int = 0) -> Method:
-        head, _, arg = text.partition(":")
-        if head == MethodName.EXACT and not arg:
-            return Method()
-        if head == MethodName.TRUNCATED:
-            try:
-                fraction = float(arg)
-            except ValueError:
-                fraction = float("nan")
-            if not 0 < fraction <= 1:
-                raise ValueError(f"truncated:FRACTION needs 0 < FRACTION <= 1, got {arg!r}")
-            return Method(MethodName.TRUNCATED, fraction=fraction, seed=seed)
-        if head == MethodName.MC:
-            if not arg.isdigit() or int(arg) < 2:
-                raise ValueError(f"mc:SAMPLES needs an integer SAMPLES >= 2, got {arg!r}")
-            return Method(MethodName.MC, samples=int(arg), seed=seed)
-        raise ValueError(f"unknown method {text!r}: use exact, truncated:FRACTION or mc:SAMPLES")
 
     def __str__(self) -> str:
         if self.name == MethodName.TRUNCATED:
