@@ -17,6 +17,7 @@ import torch
 from workers.fisher.concentration import (
     NAMED_FRACTIONS,
     Histogram,
+    Threshold,
     collect_bins,
     concentration_curve,
     histogram,
@@ -145,18 +146,6 @@ def position_summary(record: PositionRecord, index: int, decode: Decode, reward:
         "directions": record.directions,
         "kept_share": record.kept_share,
     }
-
-
-TOTAL_KEYS = (
-    "fisher",
-    "uncentered",
-    "raw",
-    "mean_shift_sq",
-    "common_sq",
-    "policy_grad_sq",
-    "bound",
-    "rho_mean",
-)
 
 
 def tensor_totals(
@@ -308,9 +297,8 @@ def model_summary(
             if stat == "fisher":
                 mine = {b: found.get(b, []) for b in tensor_plan.bins}
                 entry["concentration"] = {"fisher": _shares(hists["fisher"][name], tensor_plan.finish(mine))}
-    concentration = {
-        stat: _curve(model_hists[stat], model_plans[stat].finish(model_members[stat])) for stat in curve
-    }
+    named = {stat: model_plans[stat].finish(model_members[stat]) for stat in curve}
+    concentration = {stat: _curve(model_hists[stat], named[stat]) for stat in curve}
     for stat in curve_stats:
         concentration.setdefault(stat, concentration[sums.alias(stat)])
     n_total = sum(t["numel"] for t in tensors)
@@ -327,7 +315,7 @@ def model_summary(
         ],
         "concentration": concentration,
         "top_coordinates": _top_coordinates(sums, candidates),
-        "overlap": overlap(sums) if sums.has_reward else None,
+        "overlap": overlap(sums, named["fisher"]) if sums.has_reward else None,
     }
 
 
@@ -377,21 +365,20 @@ def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def overlap(sums: MomentSums) -> dict:
-    """|top-q by fisher ∩ top-q by |policy_grad|| / |top-q|, against the random baseline q."""
-    fisher_hist = histogram(_magnitude(sums, "fisher")())
+def overlap(sums: MomentSums, fisher_thresholds: list[Threshold]) -> dict:
+    """|top-q by fisher ∩ top-q by |policy_grad|| / |top-q|, against the random baseline q.
+
+    The Fisher's exact top-q thresholds come from the concentration pass; only the gradient's are new.
+    """
     grad_chunks = _magnitude(sums, "policy_grad")
-    grad_hist = histogram(grad_chunks())
-    f_th = thresholds(fisher_hist, _magnitude(sums, "fisher"), NAMED_FRACTIONS)
-    g_th = thresholds(grad_hist, grad_chunks, NAMED_FRACTIONS)
-    values = []
-    for ft, gt in zip(f_th, g_th, strict=True):
-        both = 0
-        for name in sums.names:
-            f = sums.stat("fisher", name)
-            g = sums.stat("policy_grad", name).abs()
-            both += int(((f >= ft.value) & (f > 0) & (g >= gt.value) & (g > 0)).sum())
-        values.append(both / ft.k)
+    grad_thresholds = thresholds(histogram(grad_chunks()), grad_chunks, NAMED_FRACTIONS)
+    both = [0] * len(NAMED_FRACTIONS)
+    for name in sums.names:
+        f = sums.stat("fisher", name)
+        g = sums.stat("policy_grad", name).abs()
+        for i, (ft, gt) in enumerate(zip(fisher_thresholds, grad_thresholds, strict=True)):
+            both[i] += int(((f >= ft.value) & (f > 0) & (g >= gt.value) & (g > 0)).sum())
+    values = [count / ft.k for count, ft in zip(both, fisher_thresholds, strict=True)]
     return {"q": list(NAMED_FRACTIONS), "fisher_vs_policy_grad": values, "baseline": list(NAMED_FRACTIONS)}
 
 
