@@ -8,9 +8,9 @@ one cache key.
 
 from __future__ import annotations
 
-import re
 from typing import Protocol
 
+from backend.registry import MODEL_ID
 from backend.schemas import (
     AnalysisCreate,
     AnalysisJob,
@@ -21,8 +21,6 @@ from backend.schemas import (
 )
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
-
-_MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
 class RequestError(ValueError):
@@ -45,11 +43,12 @@ class RequestError(ValueError):
 class DigestedModel(Protocol):
     id: str
     digest: str
+    dtype: str
 
 
 def check_model_id(model_id: str, allowed: list[str]) -> str:
     """The id itself if the operator allows it; path-like or unknown ids are refused."""
-    if not _MODEL_ID.fullmatch(model_id) or ".." in model_id:
+    if not MODEL_ID.fullmatch(model_id) or ".." in model_id:
         raise RequestError(
             f"model must be one of the allowed ids {sorted(allowed)}, not a path or URL; got {model_id!r}",
             field="model",
@@ -97,6 +96,7 @@ def normalize(
     return AnalysisJob(
         model=info.id,
         weights_digest=info.digest,
+        dtype=info.dtype,
         input_ids=input_ids,
         continuation_ids=continuation_ids,
         sampler=_normalize_sampler(create, codec, bool(continuation_ids)),

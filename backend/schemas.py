@@ -25,8 +25,8 @@ STATS: tuple[str, ...] = (
     "bound",
 )
 
-# Bumped whenever the engine's numbers change, so old cache entries stop matching.
-ENGINE_VERSION = "1"
+# Bumped whenever the engine's numbers change, so old cache entries (and certificates) stop matching.
+ENGINE_VERSION = "2"
 
 METHOD_NAMES = ("exact", "truncated", "mc")
 
@@ -148,6 +148,7 @@ class AnalysisJob(BaseModel):
 
     model: str
     weights_digest: str
+    dtype: str = Field("float32", description="what the engine computes in (the model's registered dtype)")
     input_ids: list[int]
     continuation_ids: list[int] = Field(default_factory=list)
     sampler: JobSampler = Field(default_factory=JobSampler)
@@ -219,6 +220,25 @@ class TopCoordinates(BaseModel):
     coordinates: list[TopCoordinate]
 
 
+class CertificatePublic(BaseModel):
+    """DESIGN.md 3a: the engine against plain autograd on this model (the fields of the engine's own)."""
+
+    passed: bool
+    dtype: str
+    tolerance: float = Field(..., description="max relative error allowed per tensor")
+    logits_error: float | None = Field(
+        default=None, description="recorded forward against the model's logits"
+    )
+    first_moment_error: float | None = Field(default=None, description="d(u^T z)/dtheta against autograd")
+    square_error: float | None = Field(default=None, description="(d(v^T h)/dtheta)^2 against autograd")
+    worst_parameter: str | None = None
+    failing_module: str | None = None
+    reason: str | None = None
+    routes: dict[str, int] = Field(default_factory=dict, description="tensors per path: matrix, expert, ...")
+    autograd_matrices: list[str] = Field(default_factory=list, description="matrices without a fast form")
+    seconds: float = 0.0
+
+
 class ModelPublic(BaseModel):
     id: str
     available: bool
@@ -228,6 +248,13 @@ class ModelPublic(BaseModel):
     n_layers: int | None = None
     d_model: int | None = None
     digest: str | None = None
+    architecture: str | None = None
+    dtype: str | None = Field(default=None, description="what the engine computes in")
+    description: str | None = None
+    registered: bool = Field(default=False, description="added by the operator (fisherscope models add)")
+    certificate: CertificatePublic | None = Field(
+        default=None, description="null until a worker first loads it"
+    )
 
 
 class TokenPiece(BaseModel):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backend import registry
 from backend.cost import cheaper_methods, estimate_cost
 from backend.fastjson import is_strict_json_object, loads
 from backend.normalize import RequestError, check_model_id, check_text, normalize
@@ -20,6 +21,7 @@ from backend.schemas import (
     AnalysisCreate,
     AnalysisJob,
     AnalysisPublic,
+    CertificatePublic,
     JobStatus,
     ModelPublic,
     PooledView,
@@ -32,7 +34,6 @@ from backend.schemas import (
 from backend.settings import Settings
 from backend.store import Store, StoredAnalysis, decode_view
 from backend.tokens import TokenCodec, codec_for_file
-from workers.models import catalog
 
 # `AnalysisPublic` serializes `result` last; a cache hit replaces this tail with the stored summary.
 _NULL_RESULT_TAIL = b',"result":null}'
@@ -52,44 +53,49 @@ class AnalysisService:
         self.settings = settings
         self.store = store
         self.queue = queue
-        self._models: dict[str, tuple[int, catalog.ModelInfo, TokenCodec]] = {}
+        self._models: dict[str, tuple[int, registry.ModelInfo, TokenCodec]] = {}
 
     # --- models and tokens -------------------------------------------------------------------
-    def resolve_model(self, model_id: str) -> tuple[catalog.ModelInfo, TokenCodec]:
+    def resolve_model(self, model_id: str) -> tuple[registry.ModelInfo, TokenCodec]:
         """The manifest and codec of an allowed model, cached until its manifest file changes.
 
         Why cached: every POST needs both; reading the manifest and stat-ing the tokenizer on each
         request is most of a cache hit's cost. One stat of the manifest (written last when a model is
         fetched) tells whether a refetch happened.
         """
-        check_model_id(model_id, self.settings.allowed_models)
+        check_model_id(model_id, self.allowed_models())
         try:
-            manifest = catalog.model_dir(model_id) / catalog.MANIFEST_NAME
+            manifest = registry.model_dir(model_id) / registry.MANIFEST_NAME
             try:
                 stamp = manifest.stat().st_mtime_ns
             except FileNotFoundError:
-                raise catalog.ModelNotAvailable(model_id) from None
+                raise registry.ModelNotAvailable(model_id) from None
             cached = self._models.get(model_id)
             if cached is not None and cached[0] == stamp:
                 return cached[1], cached[2]
-            info = catalog.model_info(model_id)
-            codec = codec_for_file(catalog.tokenizer_path(model_id))
+            info = registry.model_info(model_id)
+            codec = codec_for_file(registry.tokenizer_path(model_id))
             self._models[model_id] = (stamp, info, codec)
             return info, codec
-        except catalog.UnknownModel as error:
+        except registry.UnknownModel as error:
             raise RequestError(str(error), field="model") from None
-        except catalog.ModelNotAvailable as error:
+        except registry.ModelNotAvailable as error:
             raise ServiceError(503, str(error)) from None
+
+    def allowed_models(self) -> list[str]:
+        """The ids this service answers for: the operator's list, else every id in the registry."""
+        known = registry.list_models()
+        allowed = self.settings.allowed_models
+        return known if allowed is None else [model_id for model_id in allowed if model_id in known]
 
     def models(self) -> list[ModelPublic]:
         answers = []
-        for model_id in self.settings.allowed_models:
-            if model_id not in catalog.CATALOG:
-                continue
-            if not catalog.is_available(model_id):
+        for model_id in self.allowed_models():
+            if not registry.is_available(model_id):
                 answers.append(ModelPublic(id=model_id, available=False))
                 continue
-            info = catalog.model_info(model_id)
+            info = registry.model_info(model_id)
+            certificate = registry.read_certificate(info.digest, info.dtype)
             answers.append(
                 ModelPublic(
                     id=model_id,
@@ -100,6 +106,13 @@ class AnalysisService:
                     n_layers=info.n_layers,
                     d_model=info.d_model,
                     digest=info.digest,
+                    architecture=info.architecture,
+                    dtype=info.dtype,
+                    description=info.description,
+                    registered=info.registered,
+                    certificate=None
+                    if certificate is None
+                    else CertificatePublic.model_validate(certificate),
                 )
             )
         return answers

@@ -38,7 +38,9 @@ class Settings(BaseSettings):
         default=Path.home() / ".cache" / "fisherscope" / "exports",
         description="safetensors downloads, written by the worker (a volume shared with the API)",
     )
-    allowed_models: list[str] = Field(default_factory=lambda: ["smollm2-135m", "tiny-random"])
+    allowed_models: list[str] | None = Field(
+        default=None, description="ids the API accepts; unset = every built-in and registered id"
+    )
     max_prefix_tokens: int = 256
     max_continuation_tokens: int = 64
     cost_budget_tflop: float = Field(default=50.0, description="refuse analyses estimated above this")

@@ -22,9 +22,30 @@ STAT_LABEL = {
     "uncentered": "uncentered second moment",
     "raw": "raw second moment",
 }
-KIND_ORDER = ["embedding", "q", "k", "v", "o", "gate", "up", "down", "norm", "head"]
+KIND_ORDER = [
+    "embedding",
+    "position",
+    "qkv",
+    "q",
+    "k",
+    "v",
+    "o",
+    "router",
+    "gate_up",
+    "gate",
+    "up",
+    "down",
+    "norm",
+    "head",
+    "other",
+]
 KIND_COLOR = {
     "embedding": "#8c564b",
+    "position": "#c49c94",
+    "qkv": "#17becf",
+    "router": "#bcbd22",
+    "gate_up": "#7f7f7f",
+    "other": "#c7c7c7",
     "q": "#1f77b4",
     "k": "#aec7e8",
     "v": "#ff7f0e",

@@ -23,3 +23,12 @@ def smollm2():
     from workers.models.loading import load_model
 
     return load_model("smollm2-135m", fetch=True)
+
+
+@pytest.fixture
+def float64_reference():
+    """Float64 through the models' own float32 casts (RMSNorm, softmax), for engine and brute force."""
+    from workers.fisher.reference import float64_throughout
+
+    with float64_throughout():
+        yield

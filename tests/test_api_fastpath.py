@@ -12,13 +12,13 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from backend import registry as catalog
 from backend.main import create_app
 from backend.queue import ThreadQueue
 from backend.schemas import AnalysisCreate, AnalysisPublic
 from backend.service import AnalysisService
 from backend.settings import Settings
 from backend.store import LocalStore, RedisStore, Store
-from workers.models import catalog
 
 REDIS_URL = "redis://127.0.0.1:6379/11"
 SUMMARY = {

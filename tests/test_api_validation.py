@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from backend import registry as catalog
 from backend.main import create_app
 from backend.settings import Settings
-from workers.models import catalog
 
 OK = {"model": "tiny-random", "prefix": "She drank a cup of"}
 

@@ -49,12 +49,19 @@ def _analyze_help() -> str:
     return subparsers.choices["analyze"].format_help()
 
 
-def test_models_lists_every_catalog_id(capsys, tiny_random):
+def test_models_lists_every_builtin_id_with_its_certificate(capsys, tiny_random):
     code, out, _ = run_cli(capsys, "models")
     assert code == 0
-    rows = {line.split()[0]: line.split()[1] for line in out.strip().splitlines()[1:]}
-    assert set(rows) == {"smollm2-135m", "tiny-random"}
-    assert rows["tiny-random"] == "yes"
+    header, *lines = out.strip().splitlines()
+    assert header.split() == ["id", "architecture", "parameters", "dtype", "digest", "certificate"]
+    rows = {line.split()[0]: line for line in lines}
+    assert {"smollm2-135m", "tiny-random"} <= set(rows)
+    assert rows["tiny-random"].split()[1:4] == [
+        "LlamaForCausalLM",
+        f"{tiny_random.info.n_params:,}",
+        "float32",
+    ]
+    assert "exact, max rel. error" in rows["tiny-random"]  # tiny_random was loaded, so it is certified
 
 
 def test_fetch_builds_into_the_configured_cache(capsys, tmp_path, monkeypatch):

@@ -25,6 +25,8 @@ PREFIXES = {
     "single": [6],
 }
 
+pytestmark = pytest.mark.usefixtures("float64_reference")
+
 
 def _samplers(logits: torch.Tensor) -> dict[str, tuple[torch.Tensor, bool]]:
     p = torch.softmax(logits, -1)

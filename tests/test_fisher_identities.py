@@ -13,6 +13,7 @@ from transformers.generation.logits_process import (
 from backend.schemas import parse_method
 from tests.tiny_models import tiny_llama
 from workers.fisher.covariance import output_covariance
+from workers.fisher.logit_map import LogitJacobian
 from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities
@@ -21,10 +22,12 @@ from workers.fisher.stats import MomentSums
 
 IDS = torch.tensor([3, 5, 8, 3, 11])
 
+pytestmark = pytest.mark.usefixtures("float64_reference")
+
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama(tied=False, vocab=41, seed=3)
+    return tiny_llama(tied=False, seed=3, vocab_size=41)
 
 
 def _moments(model, mu, on_policy, reward=None):
@@ -73,7 +76,7 @@ def test_mean_shift_is_zero_on_policy(model):
 def test_rank_of_c_mu_is_at_most_support_minus_one(model, k):
     logits = model(input_ids=IDS[None]).logits[0, -1].detach()
     mu = warped_distribution(logits, 1.0, k, 1.0)
-    cov = output_covariance(model.get_output_embeddings().weight.detach(), mu)
+    cov = output_covariance(LogitJacobian(model.get_output_embeddings().weight.detach(), None), mu)
     assert cov.support == k
     assert cov.numerical_rank() <= k - 1
     assert cov.numerical_rank() == min(k - 1, model.config.hidden_size)  # generic rows: the bound is tight

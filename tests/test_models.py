@@ -13,26 +13,26 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from workers.models import catalog
-from workers.models.catalog import ModelNotAvailable, UnknownModel
+from backend import registry as catalog
+from backend.registry import ModelNotAvailable, UnknownModel
 from workers.models.fetch import TINY_TOKENIZER_PATH, FetchError, fetch_model
 from workers.models.loading import ModelPool, load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_catalog_imports_without_torch():
+def test_registry_imports_without_torch():
     code = (
-        "import sys, workers.models.catalog as c; c.list_models(); "
+        "import sys, backend.registry as r; r.list_models(); "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
-def test_unknown_id_lists_allowed_ids():
+def test_unknown_id_lists_known_ids():
     with pytest.raises(UnknownModel) as error:
-        catalog.model_dir("gpt-17")
+        catalog.check_id("gpt-17")
     assert "smollm2-135m" in str(error.value) and "tiny-random" in str(error.value)
 
 
@@ -79,7 +79,7 @@ def test_tiny_random_build_is_deterministic_and_matches_its_manifest(tmp_path, m
     first = _build_tiny(tmp_path / "a", monkeypatch)
     second = _build_tiny(tmp_path / "b", monkeypatch)
     assert first.digest == second.digest == tiny_random.info.digest
-    weights = tmp_path / "a" / "tiny-random" / catalog.WEIGHTS_NAME
+    weights = tmp_path / "a" / "tiny-random" / "model.safetensors"
     assert first.digest == "sha256:" + hashlib.sha256(weights.read_bytes()).hexdigest()
     assert first.size_bytes == weights.stat().st_size
     assert first.n_params == sum(p.numel() for p in tiny_random.model.parameters())
@@ -155,14 +155,14 @@ def test_smollm2_prefers_coffee_after_she_drank_a_cup_of(smollm2):
     info = smollm2.info
     assert (info.n_params, info.d_model, info.n_layers, info.vocab_size) == (134515008, 576, 30, 49152)
     assert info.tied_embeddings
-    weights = catalog.model_dir("smollm2-135m") / catalog.WEIGHTS_NAME
+    weights = catalog.model_dir("smollm2-135m") / "model.safetensors"
     sha = hashlib.sha256()
     with weights.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 24), b""):
             sha.update(chunk)
     assert info.digest == "sha256:" + sha.hexdigest()
     manifest = json.loads((weights.parent / catalog.MANIFEST_NAME).read_text())
-    assert manifest == info.to_dict()
+    assert catalog.ModelInfo.from_dict(manifest) == info
     ids = torch.tensor([smollm2.tokenizer.encode("She drank a cup of").ids])
     with torch.no_grad():
         logits = smollm2.model(ids).logits[0, -1]

@@ -34,7 +34,7 @@ pytestmark = [
 
 
 def ensure_tiny() -> None:
-    from workers.models import catalog
+    from backend import registry as catalog
 
     if not catalog.is_available("tiny-random"):
         from workers.models.fetch import fetch_model
@@ -42,11 +42,11 @@ def ensure_tiny() -> None:
         fetch_model("tiny-random", progress=False)
 
 
-def start_worker(exports: Path, redis_url: str = REDIS_URL) -> subprocess.Popen:
+def start_worker(exports: Path, redis_url: str = REDIS_URL, queue: str = QUEUE) -> subprocess.Popen:
     env = {
         **os.environ,
         "REDIS_URL": redis_url,
-        "FISHERSCOPE_QUEUE_NAME": QUEUE,
+        "FISHERSCOPE_QUEUE_NAME": queue,
         "FISHERSCOPE_EXPORTS_DIR": str(exports),
     }
     return subprocess.Popen(

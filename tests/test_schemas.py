@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from backend import registry as catalog
 from backend.cost import context_lengths, estimate_cost
 from backend.normalize import RequestError, check_model_id, normalize
 from backend.schemas import STATS, AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec, parse_method
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
-from workers.models import catalog
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,8 @@ def test_key_is_sha256_of_sorted_compact_json() -> None:
         {"sampler": JobSampler(temperature=0.5)},
         {"reward": {"7": 2.0}},
         {"method": "mc:8"},
-        {"engine_version": "2"},
+        {"engine_version": "0"},
+        {"dtype": "float64"},
     ],
 )
 def test_key_changes_with_every_field(change: dict) -> None:

@@ -50,9 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    fetch = commands.add_parser("fetch", help="fetch a catalog model into the cache (converted once)")
-    fetch.add_argument("model", help="catalog id, e.g. smollm2-135m or tiny-random")
-    commands.add_parser("models", help="list catalog models, whether fetched, and their size")
+    fetch = commands.add_parser("fetch", help="fetch a built-in model into the cache (converted once)")
+    fetch.add_argument("model", help="built-in id: smollm2-135m or tiny-random")
+    _add_models(commands)
     _add_analyze(commands)
     serve = commands.add_parser("serve", help="run API + dashboard + in-process worker (embedded mode)")
     serve.add_argument("--host", default="127.0.0.1")
@@ -61,6 +61,30 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     return parser
+
+
+def _add_models(commands) -> None:
+    models = commands.add_parser(
+        "models", help="list the registry (ids, architecture, parameters, digest, certificate); add or remove"
+    )
+    actions = models.add_subparsers(dest="action", parser_class=OneLineParser)
+    add = actions.add_parser("add", help="register your own checkpoint (certified before it is added)")
+    add.add_argument("id", help="the new id: a-z, 0-9, '.', '_', '-'")
+    add.add_argument(
+        "source", help="a local Hugging Face model folder, or a hub id (needs access and a network)"
+    )
+    add.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    add.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float64", "bfloat16", "float16"],
+        help="what the engine computes in (default float32, also for bf16/fp16 checkpoints)",
+    )
+    add.add_argument(
+        "--trust-remote-code", action="store_true", help="allow modeling code shipped with the checkpoint"
+    )
+    remove = actions.add_parser("remove", help="remove a registered id")
+    remove.add_argument("id")
 
 
 def _add_analyze(commands) -> None:
@@ -118,6 +142,15 @@ def _add_analyze(commands) -> None:
         help="refuse to run when the estimate is above this many TFLOP",
     )
     analyze.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    analyze.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float64", "bfloat16", "float16"],
+        help="compute dtype (default: the registered one, float32 for folders and hub ids)",
+    )
+    analyze.add_argument(
+        "--trust-remote-code", action="store_true", help="allow modeling code shipped with a folder or hub id"
+    )
 
 
 def parse_rewards(items: Sequence[str]) -> dict[str, float]:
@@ -186,41 +219,71 @@ def build_create(args: argparse.Namespace):
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from workers.models.catalog import model_dir
+    from backend.registry import model_dir
     from workers.models.fetch import fetch_model
 
     info = fetch_model(args.model, progress=True)
     print(f"{info.id}: {model_dir(info.id)} ({info.n_params:,} parameters, {info.digest[:19]}...)")
+    _quiet_transformers()
+    from workers.models.loading import load_model
+
+    loaded = load_model(info.id)  # certifies once per digest and engine version (cached)
+    print(f"certificate: {loaded.certificate.line() if loaded.certificate else 'none'}")
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from workers.models.catalog import is_available, list_models, model_info
+    if args.action == "add":
+        return _models_add(args)
+    if args.action == "remove":
+        from workers.models.register import remove_model
 
-    rows = [("id", "available", "size", "parameters", "digest")]
-    for model_id in list_models():
-        if is_available(model_id):
-            info = model_info(model_id)
-            rows.append(
-                (
-                    model_id,
-                    "yes",
-                    f"{info.size_bytes / 2**20:.1f} MiB",
-                    f"{info.n_params:,}",
-                    info.digest[:19],
-                )
-            )
-        else:
-            rows.append((model_id, "no", "-", "-", f"fisherscope fetch {model_id}"))
-    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        remove_model(args.id)
+        print(f"removed {args.id}")
+        return 0
+    print(format_registry())
     return 0
+
+
+def _models_add(args: argparse.Namespace) -> int:
+    _quiet_transformers()
+    from workers.models.register import add_model
+
+    info, loaded = add_model(args.id, args.source, args.revision, args.dtype, args.trust_remote_code)
+    print(f"added {info.id}: {info.architecture}, {info.n_params:,} parameters, {info.digest[:19]}...")
+    print(f"certificate: {loaded.certificate.line() if loaded.certificate else 'none'}")
+    return 0
+
+
+def format_registry() -> str:
+    """The registry as a table: ids, architecture, parameters, digest and the certificate's verdict."""
+    from backend.registry import is_available, list_models, model_info, read_certificate
+
+    rows = [("id", "architecture", "parameters", "dtype", "digest", "certificate")]
+    for model_id in list_models():
+        if not is_available(model_id):
+            rows.append((model_id, "-", "-", "-", "-", f"not fetched: fisherscope fetch {model_id}"))
+            continue
+        info = model_info(model_id)
+        certificate = read_certificate(info.digest, info.dtype)
+        verdict = "not yet (made on first load)"
+        if certificate is not None:
+            verdict = "exact" if certificate["passed"] else f"refused: {certificate['reason']}"
+            if certificate["passed"]:
+                worst = max(certificate["first_moment_error"], certificate["square_error"])
+                verdict += f", max rel. error {worst:.1e}"
+        rows.append(
+            (model_id, info.architecture, f"{info.n_params:,}", info.dtype, info.digest[:19], verdict)
+        )
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     create = build_create(args)
-    info, codec, loaded = _resolve_model(args.model, args.device)
+    info, codec, loaded = _resolve_model(args)
     from backend.cost import cheaper_methods, estimate_cost
     from backend.normalize import normalize
     from backend.settings import get_settings
@@ -246,7 +309,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         _quiet_transformers()
         from workers.models.loading import load_model
 
-        loaded = load_model(args.model, device=args.device)
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    print(f"certificate: {loaded.certificate.line() if loaded.certificate else 'none'}")
     analysis = _run_with_progress(loaded, job)
     if args.save is not None:
         analysis.save(args.save)
@@ -258,26 +322,35 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_model(model: str, device: str):
-    """(info, codec, loaded-or-None): catalog ids are checked from the manifest without loading torch."""
+def _resolve_model(args: argparse.Namespace):
+    """(info, codec, loaded-or-None): registry ids are checked from the manifest without loading torch."""
+    from backend.registry import BUILTIN, model_info, registered_ids, tokenizer_path
     from backend.tokens import TokenCodec, codec_for_file
-    from workers.models.catalog import CATALOG, model_info, tokenizer_path
 
-    if model in CATALOG or not (Path(model).expanduser().is_dir() or "/" in model):
+    model = args.model
+    path = Path(model).expanduser()
+    if (
+        model in BUILTIN
+        or (not path.exists() and model in registered_ids())
+        or not (path.is_dir() or "/" in model)
+    ):
         info = model_info(model)  # UnknownModel / ModelNotAvailable: one line, before any heavy import
         return info, codec_for_file(tokenizer_path(model)), None
     _quiet_transformers()
     from workers.models.loading import load_model
 
-    loaded = load_model(model, device=device)
+    loaded = load_model(model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     return loaded.info, TokenCodec(loaded.tokenizer), loaded
 
 
 def _quiet_transformers() -> None:
+    """The CLI speaks in its own lines: no progress bars or retry warnings from the HF libraries."""
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()
 
 
 def _run_with_progress(loaded, job):
@@ -362,11 +435,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     Looked up in sys.modules: a module that was never imported cannot have raised, and importing
     torch just to classify an error would cost seconds.
     """
-    from workers.models.catalog import ModelNotAvailable, UnknownModel
+    from backend.registry import ModelNotAvailable, UnknownModel
 
     errors: list[type[BaseException]] = [UsageError, UnknownModel, ModelNotAvailable]
     for module, name in (
         ("workers.models.fetch", "FetchError"),
+        ("workers.models.register", "RegistryError"),
         ("backend.normalize", "RequestError"),
         ("backend.tokens", "TokenError"),
         ("workers.models.loading", "ModelLoadError"),

@@ -194,6 +194,8 @@ def build_summary(
             "vocab_size": info.vocab_size,
             "n_layers": info.n_layers,
             "tied_embeddings": layout.tied,
+            "architecture": info.architecture,
+            "dtype": info.dtype,
         },
         "tokens": {
             "prefix": [{"id": t, "text": decode(t)} for t in job.input_ids],

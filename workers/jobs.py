@@ -58,11 +58,16 @@ def leased(store: Store, analysis_id: str) -> Iterator[None]:
 
 
 def load_for(job: AnalysisJob, pool: ModelPool) -> LoadedModel:
+    """The job's model as the job saw it (weights digest and dtype); a re-registered id is reloaded."""
     loaded = pool.get(job.model)
-    if loaded.info.digest != job.weights_digest:
+    if (loaded.info.digest, loaded.info.dtype) != (job.weights_digest, job.dtype):
+        pool.forget(job.model)  # the registry changed under this worker: load what it holds now
+        loaded = pool.get(job.model)
+    if (loaded.info.digest, loaded.info.dtype) != (job.weights_digest, job.dtype):
         raise RuntimeError(
             f"the weights of {job.model} changed since this request was made "
-            f"({loaded.info.digest[:19]} != {job.weights_digest[:19]}); POST it again"
+            f"({loaded.info.digest[:19]} {loaded.info.dtype} != {job.weights_digest[:19]} {job.dtype}); "
+            "POST it again"
         )
     return loaded
 

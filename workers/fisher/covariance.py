@@ -1,8 +1,9 @@
-"""C_q: the covariance of output-embedding rows under a next-token distribution q.
+"""C_q: the covariance of the logit Jacobian's rows under a next-token distribution q.
 
-For every parameter outside the LM head kappa_{i,a} = w_a^T u_i, so the token Fisher under q is
-u_i^T C_q u_i with C_q = sum_a q_a (w_a - wbar)(w_a - wbar)^T. Its eigenvectors are the only output
-directions a backward pass needs; its rank is at most (support of q) - 1.
+For every parameter outside the LM head kappa_{i,a} = j_a^T u_i (j_a = w_a for a plain linear head,
+g'(l_a) w_a after an elementwise logit map), so the token Fisher under q is u_i^T C_q u_i with
+C_q = sum_a q_a (j_a - jbar)(j_a - jbar)^T. Its eigenvectors are the only output directions a
+backward pass needs; its rank is at most (support of q) - 1.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.fisher.logit_map import LogitJacobian
+
 
 @dataclass
 class OutputCovariance:
@@ -19,7 +22,7 @@ class OutputCovariance:
 
     eigenvalues: torch.Tensor  # [d]
     eigenvectors: torch.Tensor  # [d, d], column j pairs with eigenvalues[j]
-    mean_row: torch.Tensor  # [d] wbar = sum_a q_a w_a
+    mean_row: torch.Tensor  # [d] jbar = sum_a q_a j_a
     support: int  # n = #{a: q_a > 0}
 
     @property
@@ -55,10 +58,10 @@ class OutputCovariance:
         return torch.linalg.eigvalsh(second).flip(0)
 
 
-def output_covariance(head: torch.Tensor, q: torch.Tensor) -> OutputCovariance:
-    """C_q for LM-head rows ``head`` [V, d] (any float dtype) and distribution ``q`` [V] (float64)."""
+def output_covariance(jacobian: LogitJacobian, q: torch.Tensor) -> OutputCovariance:
+    """C_q for the rows of ``jacobian`` and a distribution ``q`` [V] (float64)."""
     support = q > 0
-    rows = head[support].to(torch.float64)  # [n, d]
+    rows = jacobian.rows(support.nonzero()[:, 0])  # [n, d] float64
     weights = q[support]
     mean_row = weights @ rows
     centered = (rows - mean_row) * weights.sqrt()[:, None]

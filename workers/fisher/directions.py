@@ -1,19 +1,20 @@
-"""Back-propagate many output directions to activations, then form per-weight moments per layer.
+"""Back-propagate many output directions to activations, then form per-weight moments block by block.
 
-For a direction v in hidden space, d(v^T h)/dW for a linear y = W x is sum_t delta_t x_t^T, with
-delta_t the gradient of v^T h at the layer output. Holding that for B directions and all P weights
-costs B x P floats, so directions travel only to activations (one batched backward per chunk) and
-each layer folds them into its own moments right away:
+For a direction v in hidden space, d(v^T h)/dM for a matrix use y = x M^T is sum_r delta_r x_r^T,
+with delta_r the gradient of v^T h at the call's output. Holding that for B directions and all P
+weights costs B x P floats, so directions travel only to the recorded call outputs (one batched
+backward per chunk), and each block folds them into its own moments right away:
 
 - a *square group* {(v_j, w_j)} accumulates sum_j w_j (d(v_j^T h)/dtheta)^2 (a Fisher),
 - a *linear group* v accumulates d(v^T h)/dtheta (a first moment such as kbar),
-- an *embedding-row probe* (v, c) keeps only row c of the input embedding's gradient (the tied
-  cross term needs (w_c - wbar)^T u_{(c,k)} for prefix tokens c).
+- an *embedding-row probe* (v, c) keeps only row c of the tied table's input-side gradient (the
+  cross term needs (j_c - jbar)^T u_{(c,k)} for prefix tokens c).
 
-Squares of a linear weight are formed "direct" (materialize each direction's [o, i] gradient, cost
-~ B o i t) or "ghost" (f_{o,i} = sum_{t,s} X_{t,i} X_{s,i} M_{o,t,s}, M = sum_j w_j delta_j delta_j^T,
-cost ~ B o t^2 + o i t^2, memory o t^2), chosen per layer by flops within a memory budget.
-Index conventions: b direction, t/s position, i module input, o module output, c token row.
+Squares of a matrix are formed "direct" (each direction's [o, i] gradient, cost ~ B o i r) or
+"ghost" (f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s}, M = sum_j w_j delta_j delta_j^T, cost
+~ B o r^2 + o i r^2, memory o r^2), chosen per block by flops within a memory budget. Parameters
+without a form (capture.generic) get their per-direction gradients from autograd itself.
+Index conventions: b direction, r/s row, i in, o out, c token row.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.fisher.capture import CapturedForward, CapturedModule, module_weight
+from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
 
 Progress = Callable[[float], None]
 
@@ -44,6 +45,7 @@ class LinearGroup:
 @dataclass
 class EmbeddingRowProbe:
     name: str
+    param: str  # the tied table
     token_id: int
     vector: torch.Tensor  # [d]
 
@@ -55,107 +57,226 @@ class DirectionResults:
     probes: dict[str, torch.Tensor] = field(default_factory=dict)  # [d] per probe
 
 
-def _embedding_rows(module: CapturedModule, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Only rows of tokens present in the prefix have input-side gradient: ([c] ids, [b, c, o] rows)."""
-    ids = module.feature[: delta.shape[1]]
-    unique, inverse = torch.unique(ids, return_inverse=True)
+def _block_gradients(block: MatrixBlock, delta: torch.Tensor) -> torch.Tensor:
+    """d(v_b^T h)/dM for each direction, shaped like M: [b, o, i] (or [b, i, o] when y = x M)."""
+    grad = torch.einsum("bro,ri->boi", delta, block.feature)
+    return grad.transpose(1, 2) if block.transposed else grad
+
+
+def _embedding_rows(block: EmbeddingBlock, indices: torch.Tensor, delta: torch.Tensor, padding: list):
+    """Rows of the table that received gradient: ([c] ids, [b, c, o] rows); padding rows get none."""
+    keep = torch.ones_like(indices, dtype=torch.bool)
+    for pad in padding:
+        keep &= indices != pad
+    unique, inverse = torch.unique(indices[keep], return_inverse=True)
     rows = delta.new_zeros(delta.shape[0], unique.numel(), delta.shape[2])
-    rows.index_add_(1, inverse, delta)
+    rows.index_add_(1, inverse, delta[:, keep])
     return unique, rows
 
 
-def _dense_rows(module: CapturedModule, unique: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Scatter [..., c, o] token rows into a full [..., V, o] embedding-shaped tensor."""
-    vocab = module_weight(module.module).shape[0]
-    dense = rows.new_zeros(*rows.shape[:-2], vocab, rows.shape[-1])
-    dense[..., unique, :] = rows
-    return dense
-
-
-def _per_direction_gradients(module: CapturedModule, delta: torch.Tensor) -> dict[str, torch.Tensor]:
-    """d(v_b^T h)/dtheta for each direction b: {param name: [b, *param shape]}. delta: [b, t, o].
-
-    Dense in every parameter; for embeddings use only with a handful of directions.
-    """
-    weight_name = f"{module.name}.weight"
-    x = module.feature[: delta.shape[1]]
-    grads: dict[str, torch.Tensor] = {}
-    if module.kind == "linear":
-        grads[weight_name] = torch.einsum("bto,ti->boi", delta, x)
-    elif module.kind == "norm":
-        grads[weight_name] = torch.einsum("bto,to->bo", delta, x)
-    elif module.kind == "embedding":
-        grads[weight_name] = _dense_rows(module, *_embedding_rows(module, delta))
-    if isinstance(getattr(module.module, "bias", None), torch.Tensor):
-        grads[f"{module.name}.bias"] = delta.sum(dim=1)
-    return grads
-
-
 def _weighted_outer_per_output(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """M[o, t, s] = sum_b w_b delta[b, t, o] delta[b, s, o], weights >= 0 (eigenvalues, 1/S)."""
-    t = delta.shape[1]
-    if t <= 8:  # few positions: one broadcast product beats many tiny matmuls
+    """M[o, r, s] = sum_b w_b delta[b, r, o] delta[b, s, o], weights >= 0 (eigenvalues, 1/S)."""
+    if delta.shape[1] <= 8:  # few rows: one broadcast product beats many tiny matmuls
         return torch.tensordot(weights, delta[:, :, None, :] * delta[:, None, :, :], dims=1).permute(2, 0, 1)
-    scaled = (delta * weights.clamp_min(0).sqrt()[:, None, None]).permute(2, 1, 0).contiguous()  # [o, t, b]
+    scaled = (delta * weights.clamp_min(0).sqrt()[:, None, None]).permute(2, 1, 0).contiguous()  # [o, r, b]
     return torch.bmm(scaled, scaled.transpose(1, 2))
 
 
-class _SquareAccumulator:
-    """sum_j w_j (d(v_j^T h)/dtheta)^2 for one square group, every captured module."""
+class _Sums:
+    """name -> a parameter-shaped running sum; expert slices land in their slot of the 3-D tensor."""
 
-    def __init__(self, capture: CapturedForward, length: int, directions: int, ghost_budget_bytes: int):
-        self.capture = capture
-        self.length = length
-        self.sums: dict[str, torch.Tensor] = {}
-        self.ghost: dict[int, torch.Tensor] = {}  # module index -> M [o, t, s]
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.shapes = shapes
+        self.values: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, value: torch.Tensor, index: int | None = None) -> None:
+        if index is None and name not in self.values:
+            self.values[name] = value
+            return
+        if name not in self.values:
+            self.values[name] = value.new_zeros(self.shapes[name])
+        target = self.values[name] if index is None else self.values[name][index]
+        target += value
+
+
+class _SquareAccumulator:
+    """sum_j w_j (d(v_j^T h)/dtheta)^2 for one square group, over every block and generic parameter."""
+
+    def __init__(self, capture: CapturedForward, directions: int, ghost_budget_bytes: int):
+        self.sums = _Sums(capture.shapes)
+        self.ghost: dict[int, torch.Tensor] = {}  # block index -> M [o, r, s]
         budget = ghost_budget_bytes
-        for index, module in enumerate(capture.modules):
-            if module.kind != "linear":
-                continue
-            out, inp = module_weight(module.module).shape
-            t = length
-            direct_flops = directions * 2 * t * out * inp + directions * out * inp
-            ghost_flops = directions * 2 * out * t * t + 2 * out * inp * t * t
-            ghost_bytes = out * t * t * module.feature.element_size()
+        for index, block in enumerate(capture.matrices):
+            feature = block.feature
+            rows, inp = feature.shape
+            out = block.uses[0].output.shape[-1]
+            direct_flops = directions * 2 * rows * out * inp + directions * out * inp
+            ghost_flops = directions * 2 * out * rows * rows + 2 * out * inp * rows * rows
+            ghost_bytes = out * rows * rows * feature.element_size()
             if ghost_flops < direct_flops and ghost_bytes <= budget:
                 budget -= ghost_bytes
-                self.ghost[index] = module.feature.new_zeros(out, t, t)
+                self.ghost[index] = feature.new_zeros(out, rows, rows)
 
-    def add(self, index: int, module: CapturedModule, delta: torch.Tensor, weights: torch.Tensor) -> None:
+    def add_matrix(self, index: int, block: MatrixBlock, delta: torch.Tensor, weights: torch.Tensor) -> None:
         if index in self.ghost:
             self.ghost[index] += _weighted_outer_per_output(delta, weights)
-            bias = getattr(module.module, "bias", None)
-            if isinstance(bias, torch.Tensor):
-                self._add(f"{module.name}.bias", torch.einsum("b,bo->o", weights, delta.sum(1).square()))
             return
-        if module.kind == "embedding":
-            unique, rows = _embedding_rows(module, delta)
-            value = torch.einsum("b,bco->co", weights, rows.square())
-            self._add(f"{module.name}.weight", _dense_rows(module, unique, value))
-            return
-        for name, grad in _per_direction_gradients(module, delta).items():
-            self._add(name, torch.einsum("b,b...->...", weights, grad.square()))
+        value = torch.einsum("b,b...->...", weights, _block_gradients(block, delta).square())
+        self.sums.add(block.name, value, block.slice)
 
-    def _add(self, name: str, value: torch.Tensor) -> None:
-        if name in self.sums:
-            self.sums[name] += value
-        else:
-            self.sums[name] = value
+    def add_embedding(self, block: EmbeddingBlock, unique: torch.Tensor, rows: torch.Tensor, weights) -> None:
+        value = rows.new_zeros(self.sums.shapes[block.name])
+        value[unique] = torch.einsum("b,bco->co", weights, rows.square())
+        self.sums.add(block.name, value)
 
-    def finalize(self) -> dict[str, torch.Tensor]:
+    def add_generic(self, name: str, grad: torch.Tensor, weights: torch.Tensor) -> None:
+        self.sums.add(name, torch.einsum("b,b...->...", weights, grad.square()))
+
+    def finalize(self, capture: CapturedForward) -> dict[str, torch.Tensor]:
         for index, m in self.ghost.items():
-            module = self.capture.modules[index]
-            x = module.feature[: self.length]  # [t, i]
-            pairs = (x[:, None, :] * x[None, :, :]).reshape(-1, x.shape[1])  # [t*s, i]
-            self._add(f"{module.name}.weight", m.reshape(m.shape[0], -1) @ pairs)
+            block = capture.matrices[index]
+            x = block.feature  # [r, i]
+            pairs = (x[:, None, :] * x[None, :, :]).reshape(-1, x.shape[1])  # [r*s, i]
+            value = m.reshape(m.shape[0], -1) @ pairs  # [o, i]
+            self.sums.add(block.name, value.T if block.transposed else value, block.slice)
         self.ghost.clear()
-        return self.sums
+        return self.sums.values
 
 
-def _chunk_size(capture: CapturedForward, length: int, memory_budget_bytes: int) -> int:
-    width = sum(int(m.output.shape[-1]) for m in capture.modules)
-    per_direction = length * width * capture.hidden.element_size() * 4  # grads + backward temporaries
+def _rows(uses: list, grads: tuple, count: int) -> torch.Tensor:
+    """[b, r, o]: the uses' output gradients, rows concatenated (zeros where a use does not reach h)."""
+    parts = []
+    for use, grad in zip(uses, grads, strict=True):
+        out = use.output.shape[-1]
+        rows = use.output.numel() // out
+        parts.append(
+            grad.reshape(count, rows, out) if grad is not None else use.output.new_zeros(count, rows, out)
+        )
+    return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+
+
+def _chunk_size(capture: CapturedForward, memory_budget_bytes: int) -> int:
+    targets = sum(use.output.numel() for block in capture.matrices for use in block.uses)
+    targets += sum(use.output.numel() for block in capture.embeddings for use in block.uses)
+    targets += sum(param.numel() for param in capture.generic.values())
+    per_direction = targets * capture.hidden.element_size() * 4  # grads + backward temporaries
     return max(1, min(256, memory_budget_bytes // max(per_direction, 1)))
+
+
+@dataclass
+class _Row:
+    kind: str  # square | linear | probe
+    group: int
+
+
+class _DirectionPass:
+    """One batched backward per chunk of directions, folded into the groups' moments block by block."""
+
+    def __init__(self, capture, squares, linears, probes, memory_budget_bytes):
+        self.capture = capture
+        self.squares: list[SquareGroup] = squares
+        self.linears: list[LinearGroup] = linears
+        self.probes: list[EmbeddingRowProbe] = probes
+        dtype = capture.hidden.dtype
+        self.rows = [_Row("square", g) for g, s in enumerate(squares) for _ in range(s.vectors.shape[0])]
+        self.rows += [_Row("linear", g) for g in range(len(linears))]
+        self.rows += [_Row("probe", g) for g in range(len(probes))]
+        vectors = [s.vectors for s in squares] + [x.vector[None] for x in linears]
+        vectors += [p.vector[None] for p in probes]
+        self.vectors = torch.cat([v.to(dtype) for v in vectors]) if vectors else None  # [B, d]
+        self.square_weights = [s.weights.to(dtype) for s in squares]
+        self.square_offsets = [0]
+        for s in squares:
+            self.square_offsets.append(self.square_offsets[-1] + s.vectors.shape[0])
+        self.accumulators = [
+            _SquareAccumulator(capture, s.vectors.shape[0], memory_budget_bytes // max(len(squares), 1))
+            for s in squares
+        ]
+        self.linear_sums = [_Sums(capture.shapes) for _ in linears]
+        self.results = DirectionResults()
+        self.padding = {
+            block.name: sorted({u.padding_idx for u in block.uses if u.padding_idx is not None})
+            for block in capture.embeddings
+        }
+        self.indices = {block.name: block.indices for block in capture.embeddings}
+
+    def targets(self) -> list[torch.Tensor]:
+        capture = self.capture
+        outputs = [use.output for block in capture.matrices for use in block.uses]
+        outputs += [use.output for block in capture.embeddings for use in block.uses]
+        return outputs + list(capture.generic.values())
+
+    def fold(self, start: int, count: int, grads: tuple) -> None:
+        """Fold the gradients of directions start..start+count ([count, *target shape] per target)."""
+        cursor = 0
+        for index, block in enumerate(self.capture.matrices):
+            delta = _rows(block.uses, grads[cursor : cursor + len(block.uses)], count)
+            cursor += len(block.uses)
+            self._fold_matrix(index, block, start, delta)
+        for block in self.capture.embeddings:
+            delta = _rows(block.uses, grads[cursor : cursor + len(block.uses)], count)
+            cursor += len(block.uses)
+            unique, rows = _embedding_rows(block, self.indices[block.name], delta, self.padding[block.name])
+            self._fold_embedding(block, start, unique, rows)
+        for name, grad in zip(self.capture.generic, grads[cursor:], strict=True):
+            if grad is not None:
+                self._fold_generic(name, start, grad)
+
+    def _square_slices(self, start: int, count: int):
+        """(accumulator, local slice of this chunk, weights) for each square group the chunk touches."""
+        for g, acc in enumerate(self.accumulators):
+            lo = max(self.square_offsets[g], start)
+            hi = min(self.square_offsets[g + 1], start + count)
+            if lo < hi:
+                weights = self.square_weights[g][lo - self.square_offsets[g] : hi - self.square_offsets[g]]
+                yield acc, slice(lo - start, hi - start), weights
+
+    def _other_rows(self, start: int, count: int, kind: str) -> list[tuple[int, int]]:
+        """(position in the chunk, group) of the chunk's linear or probe rows."""
+        return [(b, self.rows[start + b].group) for b in range(count) if self.rows[start + b].kind == kind]
+
+    def _fold_matrix(self, index: int, block: MatrixBlock, start: int, delta: torch.Tensor) -> None:
+        count = delta.shape[0]
+        for acc, local, weights in self._square_slices(start, count):
+            acc.add_matrix(index, block, delta[local], weights)
+        linear = self._other_rows(start, count, "linear")
+        if linear:
+            grads = _block_gradients(block, delta[[b for b, _ in linear]])
+            for pos, (_, group) in enumerate(linear):
+                self.linear_sums[group].add(block.name, grads[pos], block.slice)
+
+    def _fold_embedding(self, block: EmbeddingBlock, start: int, unique, rows) -> None:
+        count = rows.shape[0]
+        for acc, local, weights in self._square_slices(start, count):
+            acc.add_embedding(block, unique, rows[local], weights)
+        for b, group in self._other_rows(start, count, "linear"):
+            value = rows.new_zeros(self.capture.shapes[block.name])
+            value[unique] = rows[b]
+            self.linear_sums[group].add(block.name, value)
+        for b, group in self._other_rows(start, count, "probe"):
+            probe = self.probes[group]
+            if probe.param == block.name:
+                hit = (unique == probe.token_id).nonzero()
+                row = rows[b, int(hit[0, 0])] if hit.numel() else rows.new_zeros(rows.shape[2])
+                self.results.probes[probe.name] = row
+
+    def _fold_generic(self, name: str, start: int, grad: torch.Tensor) -> None:
+        count = grad.shape[0]
+        for acc, local, weights in self._square_slices(start, count):
+            acc.add_generic(name, grad[local], weights)
+        for b, group in self._other_rows(start, count, "linear"):
+            self.linear_sums[group].add(name, grad[b].clone())
+        for b, group in self._other_rows(start, count, "probe"):
+            probe = self.probes[group]
+            if probe.param == name:
+                self.results.probes[probe.name] = grad[b][probe.token_id]
+
+    def finish(self) -> DirectionResults:
+        for square, acc in zip(self.squares, self.accumulators, strict=True):
+            self.results.squares[square.name] = acc.finalize(self.capture)
+        for linear, sums in zip(self.linears, self.linear_sums, strict=True):
+            self.results.linears[linear.name] = sums.values
+        return self.results
 
 
 def backprop_directions(
@@ -167,118 +288,25 @@ def backprop_directions(
     memory_budget_bytes: int = 1 << 30,
     progress: Progress | None = None,
 ) -> DirectionResults:
-    """Run every direction from h[position] back to the activations and fold them per layer."""
-    length = position + 1  # causal: nothing after ``position`` reaches h[position]
-    hidden = capture.hidden[position]
-    outputs = [m.output for m in capture.modules]
-    dtype = hidden.dtype
-
-    # one row per direction: (kind, group index, weight)
-    rows: list[tuple[str, int, float | None]] = []
-    vectors: list[torch.Tensor] = []
-    for g, group in enumerate(squares):
-        rows.extend(("square", g, None) for _ in range(group.vectors.shape[0]))
-        vectors.append(group.vectors.to(dtype))
-    for g, linear in enumerate(linears):
-        rows.append(("linear", g, None))
-        vectors.append(linear.vector.to(dtype)[None])
-    for g, probe in enumerate(probes):
-        rows.append(("probe", g, None))
-        vectors.append(probe.vector.to(dtype)[None])
-    if not rows:
+    """Run every direction from h[position] back to the recorded outputs and fold them per block."""
+    work = _DirectionPass(capture, squares, linears, probes, memory_budget_bytes)
+    if work.vectors is None:
         return DirectionResults()
-    all_vectors = torch.cat(vectors, 0)  # [B, d]
-    square_weights = [group.weights.to(dtype) for group in squares]
-    square_offsets = _offsets([group.vectors.shape[0] for group in squares])
-
-    accumulators = [
-        _SquareAccumulator(
-            capture, length, group.vectors.shape[0], memory_budget_bytes // max(len(squares), 1)
-        )
-        for group in squares
-    ]
-    results = DirectionResults()
-    chunk = _chunk_size(capture, length, memory_budget_bytes)
-    total = len(rows)
+    hidden = capture.hidden[position]
+    targets = work.targets()
+    chunk = _chunk_size(capture, memory_budget_bytes)
+    total = len(work.rows)
     for start in range(0, total, chunk):
         stop = min(start + chunk, total)
         grads = torch.autograd.grad(
             hidden,
-            outputs,
-            grad_outputs=all_vectors[start:stop],
+            targets,
+            grad_outputs=work.vectors[start:stop],
             is_grads_batched=True,
             retain_graph=True,
             allow_unused=True,
         )
-        for index, (module, grad) in enumerate(zip(capture.modules, grads, strict=True)):
-            if grad is None:
-                continue
-            delta = grad[:, 0, :length]  # [b, t, o]
-            _fold_chunk(
-                index,
-                module,
-                delta,
-                rows[start:stop],
-                start,
-                squares,
-                square_offsets,
-                square_weights,
-                accumulators,
-                linears,
-                probes,
-                results,
-            )
+        work.fold(start, stop - start, grads)
         if progress is not None:
             progress(stop / total)
-    for group, acc in zip(squares, accumulators, strict=True):
-        results.squares[group.name] = acc.finalize()
-    return results
-
-
-def _offsets(sizes: list[int]) -> list[int]:
-    offsets, total = [], 0
-    for size in sizes:
-        offsets.append(total)
-        total += size
-    return offsets
-
-
-def _fold_chunk(
-    index: int,
-    module: CapturedModule,
-    delta: torch.Tensor,
-    rows: list[tuple[str, int, float | None]],
-    start: int,
-    squares: list[SquareGroup],
-    square_offsets: list[int],
-    square_weights: list[torch.Tensor],
-    accumulators: list[_SquareAccumulator],
-    linears: list[LinearGroup],
-    probes: list[EmbeddingRowProbe],
-    results: DirectionResults,
-) -> None:
-    kinds = [kind for kind, _, _ in rows]
-    for g, acc in enumerate(accumulators):
-        # a group's rows are one contiguous range: slice it (a view) rather than gather a copy
-        lo = max(square_offsets[g], start)
-        hi = min(square_offsets[g] + len(square_weights[g]), start + len(rows))
-        if lo >= hi:
-            continue
-        weights = square_weights[g][lo - square_offsets[g] : hi - square_offsets[g]]
-        acc.add(index, module, delta[lo - start : hi - start], weights)
-    if "linear" in kinds:
-        local = [b for b, (kind, _, _) in enumerate(rows) if kind == "linear"]
-        grads = _per_direction_gradients(module, delta[torch.tensor(local)])
-        for pos, b in enumerate(local):
-            name = linears[rows[b][1]].name
-            target = results.linears.setdefault(name, {})
-            for pname, grad in grads.items():
-                target[pname] = target[pname] + grad[pos] if pname in target else grad[pos].clone()
-    if "probe" in kinds and module.kind == "embedding":
-        ids = module.feature[: delta.shape[1]]
-        for b, (kind, gi, _) in enumerate(rows):
-            if kind != "probe":
-                continue
-            probe = probes[gi]
-            row = delta[b][ids == probe.token_id].sum(0)  # [o]
-            results.probes[probe.name] = results.probes.get(probe.name, 0) + row
+    return work.finish()

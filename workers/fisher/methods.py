@@ -1,9 +1,9 @@
 """How the second moment under a distribution q is formed: exact, truncated, or Monte Carlo.
 
 Each method turns C_q into a *plan*: hidden-space directions with weights (sum_j w_j (d(v_j^T h)/dtheta)^2
-is the input-side Fisher), the per-row coefficient of the LM head's closed form (f_{(c,k)} = h_k^2 coef_c),
-and, for tied embeddings, one probe direction per prefix token for the cross term
-2 h_k * [d(probe_c^T h)/dE_{c,k}].
+is the input-side Fisher), the per-row coefficient of the LM head's closed form (f_{(c,k)} = h_k^2 coef_c,
+coef_c = g'(l_c)^2 q_c (1 - q_c) exactly), and, for tied embeddings, one probe direction per prefix
+token for the cross term 2 g'(l_c) h_k * [d(probe_c^T h)/dE_{c,k}], probe_c = q_c (j_c - jbar).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from enum import StrEnum
 import torch
 
 from workers.fisher.covariance import OutputCovariance
+from workers.fisher.logit_map import LogitJacobian
 
 
 class MethodName(StrEnum):
@@ -53,13 +54,13 @@ class SecondMomentPlan:
 def second_moment_plan(
     q: torch.Tensor,
     covariance: OutputCovariance,
-    head: torch.Tensor,
+    jacobian: LogitJacobian,
     prefix_tokens: list[int],
     method: Method,
 ) -> SecondMomentPlan:
-    """q: [V] float64; head: [V, d] LM-head rows; prefix_tokens: distinct ids of the context (tied only)."""
+    """q: [V] float64; prefix_tokens: table rows of the context with input-side gradient (tied only)."""
     if method.name == MethodName.MC:
-        return _monte_carlo_plan(q, covariance, head, prefix_tokens, method)
+        return _monte_carlo_plan(q, covariance, jacobian, prefix_tokens, method)
     rank = covariance.numerical_rank()
     lam = covariance.eigenvalues[:rank]
     keep = rank
@@ -71,12 +72,11 @@ def second_moment_plan(
         keep = min(keep, rank)
     total = float(lam.sum()) if rank else 0.0
     kept_share = float(lam[:keep].sum()) / total if total > 0 else 1.0
-    head64 = head.to(torch.float64)
-    probes = {c: q[c] * (head64[c] - covariance.mean_row) for c in prefix_tokens}
+    probes = {c: q[c] * (jacobian.rows(c) - covariance.mean_row) for c in prefix_tokens}
     return SecondMomentPlan(
         vectors=covariance.eigenvectors[:, :keep].T.contiguous(),
         weights=lam[:keep].clone(),
-        head_coefficient=q * (1 - q),
+        head_coefficient=jacobian.head_scale().square() * q * (1 - q),
         probes=probes,
         kept_share=kept_share,
         # assumes the dropped directions are seen like the kept ones, per unit of eigenvalue
@@ -87,7 +87,7 @@ def second_moment_plan(
 def _monte_carlo_plan(
     q: torch.Tensor,
     covariance: OutputCovariance,
-    head: torch.Tensor,
+    jacobian: LogitJacobian,
     prefix_tokens: list[int],
     method: Method,
 ) -> SecondMomentPlan:
@@ -95,11 +95,10 @@ def _monte_carlo_plan(
     assert method.samples is not None
     generator = torch.Generator(device=q.device).manual_seed(method.seed)
     samples = torch.multinomial(q, method.samples, replacement=True, generator=generator)
-    head64 = head.to(torch.float64)
-    deviations = head64[samples] - covariance.mean_row  # [S, d]
+    deviations = jacobian.rows(samples) - covariance.mean_row  # [S, d]
     s = float(method.samples)
     counts = torch.bincount(samples, minlength=q.numel()).to(torch.float64)
-    head_coefficient = (counts * (1 - q) ** 2 + (s - counts) * q**2) / s
+    head_coefficient = jacobian.head_scale().square() * (counts * (1 - q) ** 2 + (s - counts) * q**2) / s
     probes = {}
     for c in prefix_tokens:
         indicator = (samples == c).to(torch.float64) - q[c]  # [S]

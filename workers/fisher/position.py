@@ -1,11 +1,11 @@
 """Every per-parameter moment at one position s, computed without one backward per token.
 
-Outside the LM head kappa_{i,a} = w_a^T u_i, so
-  fisher_i   = u_i^T C_mu u_i              (eigen-directions of C_mu, squared per layer),
-  kbar^q_i   = wbar_q^T u_i                (one direction each: q = mu, q = p),
-  policy_grad_i = g^T u_i, g = sum_a mu_a (r_a - rbar) w_a.
-The LM head is closed form (kappa_{(c,k),a} = 1[a=c] h_k); a tied embedding adds its input-side
-terms and the cross term 2 mu_c h_k (w_c - wbar)^T u_{(c,k)}.
+Outside the LM head kappa_{i,a} = j_a^T u_i (J = dz/dh, rows j_a = g'(l_a) w_a), so
+  fisher_i   = u_i^T C_mu u_i              (eigen-directions of C_mu, squared per block),
+  kbar^q_i   = jbar_q^T u_i                (one direction each: q = mu, q = p),
+  policy_grad_i = g^T u_i, g = sum_a mu_a (r_a - rbar) j_a.
+The LM head is closed form (kappa_{(c,k),a} = 1[a=c] g'(l_c) h_k, its bias the same without h_k); a
+tied embedding adds its input-side terms and the cross term 2 mu_c g'(l_c) h_k (j_c - jbar)^T u_{(c,k)}.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from workers.fisher.capture import (
 )
 from workers.fisher.covariance import OutputCovariance, output_covariance
 from workers.fisher.directions import EmbeddingRowProbe, LinearGroup, SquareGroup, backprop_directions
+from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.methods import Method, SecondMomentPlan, second_moment_plan
 
 Params = dict[str, torch.Tensor]
@@ -67,6 +68,7 @@ class HeadLayout:
     """Where the LM head lives among the named parameters, and whether it is the input embedding."""
 
     head_name: str
+    head_bias_name: str | None
     embedding_name: str
     tied: bool
     names: list[str]
@@ -75,31 +77,44 @@ class HeadLayout:
     @staticmethod
     def of(model: nn.Module) -> HeadLayout:
         head = model_part(model, "get_output_embeddings")
-        if not isinstance(head, nn.Linear) or head.bias is not None:
-            raise UnsupportedArchitecture("the LM head must be a bias-free nn.Linear (z = W h)")
-        for attr in ("final_logit_softcapping", "logit_scale"):
-            if getattr(model.config, attr, None) not in (None, 1, 1.0):
-                raise UnsupportedArchitecture(f"models with {attr} are not supported")
+        weight = module_weight(head)
+        if weight.dim() != 2:
+            raise UnsupportedArchitecture(f"the LM head weight has shape {tuple(weight.shape)}, not [V, d]")
+        bias = getattr(head, "bias", None)
         embedding = module_weight(model_part(model, "get_input_embeddings"))
         names, shapes = [], {}
-        head_name = embedding_name = ""
+        found: dict[str, str] = {}
         for name, param in model.named_parameters():
             names.append(name)
             shapes[name] = tuple(param.shape)
-            if param is head.weight:
-                head_name = name
-            if param is embedding:
-                embedding_name = name
-        return HeadLayout(head_name, embedding_name, head.weight is embedding, names, shapes)
+            for key, tensor in (("head", weight), ("bias", bias), ("embedding", embedding)):
+                if param is tensor:
+                    found[key] = name
+        if "head" not in found:
+            raise UnsupportedArchitecture("the LM head weight is not among the model's parameters")
+        return HeadLayout(
+            found["head"], found.get("bias"), found.get("embedding", ""), weight is embedding, names, shapes
+        )
 
 
 def head_rows(model: nn.Module) -> torch.Tensor:
     return module_weight(model_part(model, "get_output_embeddings")).detach()
 
 
-def _head_term(coefficient: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """[V, d] = coefficient_c * h_k (first moments) — squares pass h*h."""
-    return torch.outer(coefficient.to(h.dtype), h)
+def _table_rows(capture: CapturedForward, name: str) -> list[int]:
+    """Rows of a tied table that get input-side gradient: the ids its lookups read (no padding row)."""
+    if capture.routes.get(name) == "autograd":
+        raise UnsupportedArchitecture(
+            f"the tied table {name} is read by something other than an embedding lookup; its cross "
+            "term with the LM head needs the rows it reads"
+        )
+    rows: set[int] = set()
+    for block in capture.embeddings:
+        if block.name == name:
+            for use in block.uses:
+                ids = set(use.indices.tolist())
+                rows |= ids - {use.padding_idx}
+    return sorted(rows)
 
 
 def position_moments(
@@ -112,20 +127,17 @@ def position_moments(
 ) -> PositionMoments:
     layout = HeadLayout.of(model)
     capture = capture or capture_forward(model, inputs.context_ids)
-    _check_coverage(capture, layout)
     position = capture.length - 1
     h = capture.hidden[position].detach()
-    dtype = h.dtype
-    head = head_rows(model)
+    jacobian = logit_jacobian(capture, position, head_rows(model))
     on_policy = inputs.on_policy
-    prefix_tokens = sorted({int(t) for t in inputs.context_ids.tolist()}) if layout.tied else []
+    table_rows = _table_rows(capture, layout.head_name) if layout.tied else []
 
-    cov_mu = output_covariance(head, inputs.mu)
-    cov_p = cov_mu if on_policy else output_covariance(head, inputs.p)
-    plan_mu = second_moment_plan(inputs.mu, cov_mu, head, prefix_tokens, method)
-    plans = {"fisher": plan_mu}
+    cov_mu = output_covariance(jacobian, inputs.mu)
+    cov_p = cov_mu if on_policy else output_covariance(jacobian, inputs.p)
+    plans = {"fisher": second_moment_plan(inputs.mu, cov_mu, jacobian, table_rows, method)}
     if not on_policy:
-        plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, head, prefix_tokens, method)
+        plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
 
     squares = [SquareGroup(name, plan.vectors, plan.weights) for name, plan in plans.items()]
     linears = [LinearGroup("kbar_mu", cov_mu.mean_row)]
@@ -137,9 +149,9 @@ def position_moments(
         reward_mean = float(inputs.mu @ inputs.reward)
         centered_reward = inputs.reward - reward_mean
         reward_std = float((inputs.mu @ centered_reward.square()).sqrt())
-        linears.append(LinearGroup("policy_grad", (inputs.mu * centered_reward) @ head.to(torch.float64)))
+        linears.append(LinearGroup("policy_grad", jacobian.combine(inputs.mu * centered_reward)))
     probes = [
-        EmbeddingRowProbe(f"{name}:{c}", c, vector)
+        EmbeddingRowProbe(f"{name}:{c}", layout.head_name, c, vector)
         for name, plan in plans.items()
         for c, vector in plan.probes.items()
     ]
@@ -152,35 +164,20 @@ def position_moments(
         memory_budget_bytes=memory_budget_bytes,
         progress=progress,
     )
-
-    def assemble(input_side: Params | None, head_value: torch.Tensor) -> Params:
-        out: Params = {}
-        for name in layout.names:
-            value = (input_side or {}).get(name)
-            value = (
-                torch.zeros(layout.shapes[name], dtype=dtype, device=h.device)
-                if value is None
-                else value.to(dtype)
-            )
-            if name == layout.head_name:
-                value = value + head_value
-            out[name] = value
-        return out
-
-    hh = h * h
+    head = HeadTerms(layout, h, jacobian.head_scale())
     second: dict[str, Params] = {}
     for name, plan in plans.items():
-        params = assemble(results.squares.get(name), _head_term(plan.head_coefficient, hh))
-        for c in plan.probes:  # tied cross term, rows of prefix tokens only
+        params = head.assemble(results.squares.get(name), plan.head_coefficient, squared=True)
+        for c in plan.probes:  # tied cross term, rows the context reads only
             row = results.probes.get(f"{name}:{c}")
             if row is not None:
-                params[layout.head_name][c] += 2 * h * row.to(dtype)
+                params[layout.head_name][c] += 2 * head.scale[c].to(h.dtype) * h * row.to(h.dtype)
         second[name] = params
-    kbar_mu = assemble(results.linears.get("kbar_mu"), _head_term(inputs.mu, h))
-    kbar_p = kbar_mu if on_policy else assemble(results.linears.get("kbar_p"), _head_term(inputs.p, h))
+    kbar_mu = head.assemble(results.linears.get("kbar_mu"), inputs.mu)
+    kbar_p = kbar_mu if on_policy else head.assemble(results.linears.get("kbar_p"), inputs.p)
     policy_grad = None
     if centered_reward is not None:
-        policy_grad = assemble(results.linears.get("policy_grad"), _head_term(inputs.mu * centered_reward, h))
+        policy_grad = head.assemble(results.linears.get("policy_grad"), inputs.mu * centered_reward)
     return PositionMoments(
         fisher=second["fisher"],
         fisher_p=second.get("fisher_p", second["fisher"]),
@@ -190,23 +187,39 @@ def position_moments(
         hidden=h,
         cov_mu=cov_mu,
         cov_p=cov_p,
-        plan_mu=plan_mu,
+        plan_mu=plans["fisher"],
         reward_mean=reward_mean,
         reward_std=reward_std,
     )
 
 
-def _check_coverage(capture: CapturedForward, layout: HeadLayout) -> None:
-    seen: set[str] = {layout.head_name}
-    for module in capture.modules:
-        for suffix in ("weight", "bias"):
-            if isinstance(getattr(module.module, suffix, None), torch.Tensor):
-                name = f"{module.name}.{suffix}"
-                if name in seen and name != layout.head_name:
-                    raise UnsupportedArchitecture(f"module {module.name} runs more than once per forward")
-                seen.add(name)
-    missing = [n for n in layout.names if n not in seen]
-    if missing:
-        raise UnsupportedArchitecture(
-            f"parameters outside linear/embedding/norm modules are not supported: {', '.join(missing[:5])}"
-        )
+@dataclass
+class HeadTerms:
+    """Adds the LM head's closed form to the input-side moments and fills zeros for untouched tensors.
+
+    First moments: coefficient_c g'(l_c) h_k on the weight, coefficient_c g'(l_c) on the bias; squares
+    (``squared``, coefficient already carries g'^2): coefficient_c h_k^2 and coefficient_c.
+    """
+
+    layout: HeadLayout
+    h: torch.Tensor  # [d]
+    scale: torch.Tensor  # [V] float64 g'(l)
+
+    def assemble(self, input_side: Params | None, coefficient: torch.Tensor, squared: bool = False) -> Params:
+        h, dtype = self.h, self.h.dtype
+        per_row = (coefficient if squared else coefficient * self.scale).to(dtype)  # [V]
+        features = h * h if squared else h
+        out: Params = {}
+        for name in self.layout.names:
+            value = (input_side or {}).get(name)
+            value = (
+                torch.zeros(self.layout.shapes[name], dtype=dtype, device=h.device)
+                if value is None
+                else value.to(dtype)
+            )
+            if name == self.layout.head_name:
+                value = value + torch.outer(per_row, features)
+            elif name == self.layout.head_bias_name:
+                value = value + per_row
+            out[name] = value
+        return out

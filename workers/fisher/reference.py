@@ -3,12 +3,42 @@
 kappa_{i,a} = d z_a / d theta_i for every token a, then every moment is an explicit sum over a.
 Only for tiny models (cost V backward passes, memory V x P); the tests compare the fast engine to it
 in float64, and the benchmark extrapolates its cost.
+
+Many architectures cast to float32 inside their own code (HF's RMSNorm, Gemma's ``x.float()``, eager
+attention's softmax), so a float64 model is float64 only where nobody casts. ``float64_throughout``
+keeps those casts in float64 for both the engine and the reference: the same function, computed at
+one precision, so the two can be compared at float64 tolerance without editing the model.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
+_TensorBase = torch._C.TensorBase
+
+
+class float64_throughout(TorchFunctionMode):  # noqa: N801  (used as a context manager)
+    """Within the block, a cast of float64 data to a narrower float (``.float()``, ``.to(float32)``,
+    ``dtype=float32`` next to a float64 tensor) stays float64. Constants built from nothing keep
+    whatever dtype the model asks for; they are the same numbers for every computation compared."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        wide = any(
+            isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in tree_leaves((args, kwargs))
+        )
+        if wide:
+            if func in (_TensorBase.float, _TensorBase.half, _TensorBase.bfloat16):
+                return args[0]
+            args = tuple(torch.float64 if isinstance(a, torch.dtype) and a in _NARROW else a for a in args)
+            if kwargs.get("dtype") in _NARROW:
+                kwargs["dtype"] = torch.float64
+        return func(*args, **kwargs)
+
 
 Params = dict[str, torch.Tensor]
 

@@ -32,16 +32,23 @@ from workers.fisher.stats import SIGNED_STATS, MomentSums
 Decode = Callable[[int], str]
 TOP_TOKENS = 20
 TOP_COORDINATES = 50
+# first match wins: the names of Llama-likes, GPT-2 (c_attn, c_fc, c_proj), GPT-NeoX and Falcon
+# (query_key_value, dense_*), OPT (fc1, fc2, out_proj), mixture-of-experts (gate_up_proj, the router)
 KIND_PATTERNS = (
+    ("norm", r"norm|(^|\.)ln_"),
+    ("position", r"wpe|embed_positions|position_embeddings"),
+    ("qkv", r"qkv|query_key_value|c_attn"),
+    ("gate_up", r"gate_up_proj"),
     ("q", r"q_proj"),
     ("k", r"k_proj"),
     ("v", r"v_proj"),
-    ("o", r"o_proj"),
+    ("o", r"o_proj|out_proj|attn\.c_proj|attention\.dense\."),
     ("gate", r"gate_proj"),
-    ("up", r"up_proj"),
-    ("down", r"down_proj"),
-    ("norm", r"norm"),
+    ("up", r"up_proj|c_fc|fc1|dense_h_to_4h"),
+    ("down", r"down_proj|mlp\.c_proj|fc2|dense_4h_to_h"),
+    ("router", r"mlp\.gate\.|router"),
 )
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
 
 
 def module_kind(name: str, head_name: str, embedding_name: str) -> str:
@@ -56,10 +63,10 @@ def module_kind(name: str, head_name: str, embedding_name: str) -> str:
 
 
 def layer_of(name: str, embedding_name: str) -> int | str:
-    match = re.search(r"layers\.(\d+)\.", name)
+    match = _LAYER.search(name)
     if match:
         return int(match.group(1))
-    return "embed" if name == embedding_name else "final"
+    return "embed" if name == embedding_name or re.search(KIND_PATTERNS[1][1], name) else "final"
 
 
 def _token(decode: Decode, token_id: int) -> dict:

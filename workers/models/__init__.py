@@ -1,6 +1,7 @@
-"""The model registry: catalog ids, fetching into the cache, and loading.
+"""Models for the engine: built-in fetches, operator registrations, loading with a certificate.
 
-Import the submodules directly. This package stays torch-free so ``workers.models.catalog`` can be
-imported by the API: ``catalog`` (ids, cache folder, manifests), ``fetch`` (convert into the cache),
-``loading`` (torch: ``LoadedModel``, ``load_model``, ``ModelPool``).
+Import the submodules directly: ``fetch`` (built-in ids into the cache), ``register`` (``fisherscope
+models add/remove``), ``folder`` (a model folder built aside and moved into place), ``loading``
+(torch: ``LoadedModel``, ``load_model``, ``ModelPool``). What the API reads of the registry, without
+torch, is ``backend.registry``.
 """

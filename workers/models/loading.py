@@ -1,8 +1,12 @@
-"""Load a model for analysis: float32, eval mode, sdpa attention, gradients enabled.
+"""Load a model for analysis: its compute dtype, eval mode, gradients on, and a passed certificate.
 
-Accepts a catalog id (weights from the cache, identified by the manifest digest), a local Hugging
-Face model folder, or a hub id. ``ModelPool`` keeps one ``LoadedModel`` per id in a long-lived
-worker, so a model is loaded once per process rather than once per job.
+Accepts an id in the registry (weights from the cache, identified by the manifest digest), a local
+Hugging Face model folder, or a hub id. Attention runs through sdpa where the architecture supports
+it and nothing in its config needs eager (attention softcapping); mixture-of-experts layers run
+transformers' eager expert loop (the same function as its grouped kernels, one matrix per expert).
+Every load ends with the certificate of DESIGN.md 3a, cached per weights digest and engine version:
+a model the engine cannot make exact is refused here, with the module named. ``ModelPool`` keeps one
+``LoadedModel`` per id in a long-lived worker.
 """
 
 from __future__ import annotations
@@ -17,35 +21,39 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from workers.models.catalog import (
-    CATALOG,
+from backend.registry import (
+    BUILTIN,
+    COMPUTE_DTYPES,
     TOKENIZER_NAME,
     ModelInfo,
     ModelNotAvailable,
     UnknownModel,
+    check_id,
     is_available,
     model_dir,
     model_info,
+    read_certificate,
+    write_certificate,
 )
-from workers.models.fetch import sha256_digest
-
-WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+from workers.fisher.certificate import Certificate, certify
+from workers.models.folder import sha256_digest, weight_files
 
 
 class ModelLoadError(RuntimeError):
-    """A model that could not be loaded; the message is one line saying why."""
+    """A model that could not be loaded or was refused; the message is one line saying why."""
 
 
 @dataclass
 class LoadedModel:
-    """A model ready for the engine, with its identity, sizes and tokenizer."""
+    """A model ready for the engine, with its identity, sizes, tokenizer and certificate."""
 
     id: str
     model: PreTrainedModel
     info: ModelInfo
     tokenizer: Tokenizer
+    certificate: Certificate | None = None
     _bf16: PreTrainedModel | None = field(default=None, init=False, repr=False)
     _bf16_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -93,76 +101,163 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
-def load_model(id_or_path: str, device: str = "cpu", fetch: bool = False) -> LoadedModel:
-    """Load a catalog id, a local model folder or a hub id.
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load: compute dtype (None: the registered one, else float32), hub revision, remote code."""
 
-    Catalog ids missing from the cache are fetched when ``fetch`` is true, else ModelNotAvailable.
+    device: str = "cpu"
+    dtype: str | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
+    certify: bool = True
+
+
+def load_model(id_or_path: str, device: str = "cpu", fetch: bool = False, **options) -> LoadedModel:
+    """Load a registry id, a local model folder or a hub id; refuse it if its certificate fails.
+
+    Built-in ids missing from the cache are fetched when ``fetch`` is true, else ModelNotAvailable.
     """
-    if id_or_path in CATALOG:
-        return _load_catalog(id_or_path, device, fetch)
-    path = Path(id_or_path).expanduser()
-    if path.is_dir():
-        return _load_local(path, device)
-    if "/" in id_or_path and not path.exists():
-        return _load_hub(id_or_path, device)
-    raise UnknownModel(id_or_path)
+    opts = LoadOptions(device=device, **options)
+    if id_or_path in BUILTIN or (not Path(id_or_path).expanduser().exists() and _is_registry_id(id_or_path)):
+        loaded = _load_registered(id_or_path, opts, fetch)
+    elif Path(id_or_path).expanduser().is_dir():
+        loaded = _load_local(Path(id_or_path).expanduser(), opts)
+    elif "/" in id_or_path and not Path(id_or_path).expanduser().exists():
+        loaded = _load_hub(id_or_path, opts)
+    else:
+        raise UnknownModel(id_or_path)
+    if opts.certify:
+        loaded.certificate = ensure_certificate(loaded)
+    return loaded
 
 
-def _load_catalog(model_id: str, device: str, fetch: bool) -> LoadedModel:
+def _is_registry_id(name: str) -> bool:
+    try:
+        check_id(name)
+    except UnknownModel:
+        return False
+    return True
+
+
+def ensure_certificate(loaded: LoadedModel) -> Certificate:
+    """The model's certificate (cached per digest, dtype and engine version); refuse a failing model."""
+    dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+    stored = read_certificate(loaded.info.digest, dtype)
+    certificate = Certificate.from_dict(stored) if stored is not None else certify(loaded.model)
+    if stored is None:
+        write_certificate(loaded.info.digest, dtype, certificate.to_dict())
+    if not certificate.passed:
+        raise ModelLoadError(f"model {loaded.id} is refused: {certificate.reason}")
+    return certificate
+
+
+def _load_registered(model_id: str, opts: LoadOptions, fetch: bool) -> LoadedModel:
     if not is_available(model_id):
-        if not fetch:
+        if not fetch or model_id not in BUILTIN:
             raise ModelNotAvailable(model_id)
         from workers.models.fetch import fetch_model
 
         fetch_model(model_id)
     folder = model_dir(model_id)
-    model = _from_pretrained(str(folder), device)
-    return LoadedModel(
-        id=model_id, model=model, info=model_info(model_id), tokenizer=_tokenizer_from_folder(folder)
-    )
+    info = model_info(model_id)
+    dtype = opts.dtype or info.dtype
+    model = load_weights(str(folder), opts.device, dtype, trust_remote_code=info.trust_remote_code)
+    info.dtype = dtype
+    return LoadedModel(id=model_id, model=model, info=info, tokenizer=tokenizer_from_folder(folder))
 
 
-def _load_local(folder: Path, device: str) -> LoadedModel:
+def _load_local(folder: Path, opts: LoadOptions) -> LoadedModel:
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json; not a Hugging Face model folder")
-    weights = sorted(p for pattern in WEIGHT_PATTERNS for p in folder.glob(pattern))
+    weights = weight_files(folder)
     if not weights:
         raise ModelLoadError(f"{folder} has no weight files (*.safetensors or *.bin)")
-    model = _from_pretrained(str(folder), device)
-    model_id = str(folder.resolve())
-    info = _info_from_model(
-        model_id,
+    model = load_weights(
+        str(folder), opts.device, opts.dtype or "float32", trust_remote_code=opts.trust_remote_code
+    )
+    info = info_from_model(
+        str(folder.resolve()),
         model,
         sha256_digest(weights),
         f"local folder {folder}",
         sum(p.stat().st_size for p in weights),
     )
-    return LoadedModel(id=model_id, model=model, info=info, tokenizer=_tokenizer_from_folder(folder))
+    return LoadedModel(id=info.id, model=model, info=info, tokenizer=tokenizer_from_folder(folder))
 
 
-def _load_hub(hub_id: str, device: str) -> LoadedModel:
-    model = _from_pretrained(hub_id, device)
-    digest = _state_dict_digest(model)
+def _load_hub(hub_id: str, opts: LoadOptions) -> LoadedModel:
+    model = load_weights(
+        hub_id,
+        opts.device,
+        opts.dtype or "float32",
+        revision=opts.revision,
+        trust_remote_code=opts.trust_remote_code,
+    )
     size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    info = _info_from_model(hub_id, model, digest, f"hub model {hub_id}", size)
+    info = info_from_model(hub_id, model, state_dict_digest(model), f"hub model {hub_id}", size)
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(hub_id).backend_tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(hub_id, revision=opts.revision).backend_tokenizer
     except Exception as error:  # any failure of the hub is reported as one line
-        raise ModelLoadError(f"cannot load the tokenizer of {hub_id!r}: {_one_line(error)}") from None
+        raise ModelLoadError(f"cannot load the tokenizer of {hub_id!r}: {one_line(error)}") from None
     return LoadedModel(id=hub_id, model=model, info=info, tokenizer=tokenizer)
 
 
-def _from_pretrained(source: str, device: str) -> PreTrainedModel:
+def causal_lm_config(source: str, revision: str | None = None, trust_remote_code: bool = False):
+    """The config of ``source``, checked to be a causal LM this transformers can build (or refused)."""
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="sdpa")
+        config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    except Exception as error:
+        message = one_line(error)
+        if "trust_remote_code" in message:
+            raise ModelLoadError(
+                f"{source} ships its own modeling code; pass --trust-remote-code only if you trust it"
+            ) from None
+        raise ModelLoadError(f"cannot read the config of {source!r}: {message}") from None
+    if getattr(config, "auto_map", None) and not trust_remote_code:
+        raise ModelLoadError(
+            f"{source} ships its own modeling code; pass --trust-remote-code only if you trust it"
+        )
+    if type(config) not in AutoModelForCausalLM._model_mapping and not trust_remote_code:
+        raise ModelLoadError(
+            f"{source} is not a causal LM: {type(config).__name__} ({config.model_type}) has no causal-LM "
+            "class in transformers"
+        )
+    return config
+
+
+def load_weights(
+    source: str, device: str, dtype: str, revision: str | None = None, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    """The model of ``source`` in ``dtype``, eval mode, every parameter differentiable."""
+    if dtype not in COMPUTE_DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(COMPUTE_DTYPES)}; got {dtype!r}")
+    config = causal_lm_config(source, revision, trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+            dtype=getattr(torch, dtype),
+            attn_implementation=attention_for(config),
+            experts_implementation="eager",
+        )
     except Exception as error:  # corrupt folders, offline hub, unknown architectures: one line
-        raise ModelLoadError(f"cannot load model {source!r}: {_one_line(error)}") from None
+        raise ModelLoadError(f"cannot load model {source!r}: {one_line(error)}") from None
+    model.requires_grad_(True)
     return model.to(torch.device(device)).eval()  # type: ignore[arg-type]  # HF wraps .to
 
 
-def _tokenizer_from_folder(folder: Path) -> Tokenizer:
+def attention_for(config) -> str:
+    """sdpa where the architecture supports it and the config needs nothing sdpa cannot do."""
+    if getattr(config, "attn_logit_softcapping", None):
+        return "eager"  # sdpa has no softcapping of attention scores
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    return "sdpa" if model_class is None or getattr(model_class, "_supports_sdpa", False) else "eager"
+
+
+def tokenizer_from_folder(folder: Path) -> Tokenizer:
     path = folder / TOKENIZER_NAME
     if path.is_file():
         return Tokenizer.from_file(str(path))
@@ -171,27 +266,30 @@ def _tokenizer_from_folder(folder: Path) -> Tokenizer:
 
         return AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer
     except Exception as error:
-        raise ModelLoadError(f"{folder} has no usable tokenizer: {_one_line(error)}") from None
+        raise ModelLoadError(f"{folder} has no usable tokenizer: {one_line(error)}") from None
 
 
-def _info_from_model(
+def info_from_model(
     model_id: str, model: PreTrainedModel, digest: str, description: str, size_bytes: int
 ) -> ModelInfo:
     config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return ModelInfo(
         id=model_id,
         digest=digest,
         n_params=sum(p.numel() for p in model.parameters()),
-        d_model=int(config.hidden_size),
-        vocab_size=int(config.vocab_size),
-        n_layers=int(config.num_hidden_layers),
-        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        d_model=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+        n_layers=int(text.num_hidden_layers),
+        tied_embeddings=model.get_output_embeddings().weight is model.get_input_embeddings().weight,
         description=description,
         size_bytes=int(size_bytes),
+        architecture=type(model).__name__,
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
     )
 
 
-def _state_dict_digest(model: PreTrainedModel) -> str:
+def state_dict_digest(model: PreTrainedModel) -> str:
     """``sha256:<hex>`` over parameter names, shapes and bytes, for weights without a local file."""
     sha = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
@@ -200,7 +298,7 @@ def _state_dict_digest(model: PreTrainedModel) -> str:
     return "sha256:" + sha.hexdigest()
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
     return (text[:300] + "...") if len(text) > 300 else text or type(error).__name__
 
@@ -229,6 +327,11 @@ class ModelPool:
             with self._guard:
                 self._models[id_or_path] = loaded
             return loaded
+
+    def forget(self, id_or_path: str) -> None:
+        """Drop a loaded model (its id was removed or re-registered)."""
+        with self._guard:
+            self._models.pop(id_or_path, None)
 
     def loaded_ids(self) -> list[str]:
         with self._guard:
