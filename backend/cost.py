@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from backend.schemas import AnalysisJob, CostEstimate, SamplerKind, parse_method
+from backend.schemas import AnalysisJob, CostEstimate
+from backend.vocabulary import MethodName, SamplerKind, is_on_policy, parse_method
 
 
 class SizedModel(Protocol):
@@ -29,18 +30,6 @@ def context_lengths(job: AnalysisJob) -> list[int]:
     return [n_prefix + t - 1 for t in range(1, len(job.continuation_ids) + 1)]
 
 
-def is_on_policy(job: AnalysisJob) -> bool:
-    """mu == p exactly: model sampler, T = 1, no truncation, float32 engine."""
-    sampler = job.sampler
-    return (
-        sampler.kind == SamplerKind.model
-        and sampler.temperature == 1.0
-        and sampler.top_k is None
-        and sampler.top_p >= 1.0
-        and sampler.engine == "model"
-    )
-
-
 def sampler_directions(d_model: int, job: AnalysisJob) -> int:
     """Rank bound of C_mu: d_model, or k - 1 under top-k (at least one direction)."""
     top_k = job.sampler.top_k if job.sampler.kind == SamplerKind.model else None
@@ -49,31 +38,41 @@ def sampler_directions(d_model: int, job: AnalysisJob) -> int:
     return d_model
 
 
-def estimate_cost(info: SizedModel, job: AnalysisJob, flops_per_second: float = 1e11) -> CostEstimate:
-    """Flops and seconds of `job` on a model with `info.n_params` parameters.
+def backward_directions(info: SizedModel, job: AnalysisJob) -> int:
+    """Directions back-propagated per analysed position.
 
     Off-policy (mu != p) adds the d_model directions of the Fisher under p, which rho needs.
-    `truncated:F` keeps about F of the directions (stated as an upper bound); `mc:S` uses S.
+    `truncated:F` keeps about F of the directions (an upper bound); `mc:S` uses S.
     """
     name, fraction, samples = parse_method(job.method)
     mu_directions = sampler_directions(info.d_model, job)
-    p_directions = 0 if is_on_policy(job) else info.d_model
-    if name == "truncated":
+    s = job.sampler
+    p_directions = 0 if is_on_policy(s.kind, s.temperature, s.top_k, s.top_p, s.engine) else info.d_model
+    if name == MethodName.truncated:
         assert fraction is not None
         mu_directions = max(1, math.ceil(fraction * mu_directions))
         p_directions = math.ceil(fraction * p_directions)
-    elif name == "mc":
+    elif name == MethodName.mc:
         assert samples is not None
         mu_directions = samples
         p_directions = samples if p_directions else 0
-    directions = mu_directions + p_directions
+    return mu_directions + p_directions
+
+
+def estimate_flops(info: SizedModel, job: AnalysisJob) -> float:
+    """About 2 r P flop per context token and direction, plus the forward pass (DESIGN §3)."""
     tokens = sum(context_lengths(job))
-    flops = 2.0 * info.n_params * tokens * (directions + 1)  # + 1: the forward pass
+    return 2.0 * info.n_params * tokens * (backward_directions(info, job) + 1)
+
+
+def estimate_cost(info: SizedModel, job: AnalysisJob, flops_per_second: float) -> CostEstimate:
+    """Flops and seconds of `job` on a model with `info.n_params` parameters at `flops_per_second`."""
+    flops = estimate_flops(info, job)
     return CostEstimate(
         flops=flops,
         seconds=flops / max(flops_per_second, 1.0),
-        directions=directions,
-        upper_bound=name == "truncated",
+        directions=backward_directions(info, job),
+        upper_bound=parse_method(job.method)[0] == MethodName.truncated,
     )
 
 
@@ -81,7 +80,6 @@ def cheaper_methods(info: SizedModel, job: AnalysisJob, budget_flops: float) -> 
     """Methods that would fit the budget for this job, cheapest last (mc:16 is always offered)."""
     offers: list[str] = []
     for method in ("truncated:0.5", "truncated:0.25", "truncated:0.1", "mc:64", "mc:16"):
-        candidate = job.model_copy(update={"method": method})
-        if estimate_cost(info, candidate).flops <= budget_flops:
+        if estimate_flops(info, job.model_copy(update={"method": method})) <= budget_flops:
             offers.append(method)
     return offers

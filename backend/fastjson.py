@@ -1,4 +1,4 @@
-"""JSON to and from bytes: orjson when installed, else the standard library, with the same output rules.
+"""JSON to and from bytes: orjson, with the standard library for what orjson refuses, same output rules.
 
 Why: summaries of real models are hundreds of kB and are written once but served often; orjson is
 several times faster and writes NaN and infinities as `null`, so stored summaries are always strict
@@ -11,10 +11,7 @@ import json
 import math
 from typing import Any
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - orjson is a declared dependency; stdlib is the fallback
-    orjson = None  # type: ignore[assignment]
+import orjson
 
 # Tokens the standard library writes for non-finite floats; strict JSON (and the API) has none.
 _NON_JSON_NUMBERS = (b"NaN", b"Infinity")
@@ -22,12 +19,10 @@ _NON_JSON_NUMBERS = (b"NaN", b"Infinity")
 
 def loads(raw: bytes | str) -> Any:
     """Parse JSON; NaN/Infinity written by older versions (which orjson refuses) still parse."""
-    if orjson is not None:
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(raw)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -42,12 +37,10 @@ def _finite_or_none(value: Any) -> Any:
 
 def dumps(value: Any) -> bytes:
     """Compact UTF-8 JSON; non-finite floats become null (as pydantic writes them in responses)."""
-    if orjson is not None:
-        try:
-            return orjson.dumps(value)
-        except TypeError:  # e.g. non-str keys or a lone surrogate: the standard library copes
-            pass
-    return json.dumps(_finite_or_none(value), separators=(",", ":")).encode("utf-8")
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # e.g. non-str keys or a lone surrogate: the standard library copes
+        return json.dumps(_finite_or_none(value), separators=(",", ":")).encode("utf-8")
 
 
 def is_strict_json_object(raw: bytes) -> bool:

@@ -1,7 +1,8 @@
-"""The FastAPI app: `uvicorn backend.main:app` (Redis mode with REDIS_URL, else embedded store).
+"""The FastAPI app: `uvicorn backend.main:app` (with REDIS_URL: the queue of `fisherscope worker`s).
 
-Why a factory: tests and the embedded server build apps with their own settings, store and queue;
-importing this module never imports torch (the worker side is loaded lazily, only when embedded).
+Why a factory: tests and the embedded mode (`workers.serve`, which brings the in-process worker) build
+apps with their own settings, store and queue. Importing this module builds nothing and never imports
+torch; `app` is made on first access, for uvicorn.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def default_backend(settings: Settings) -> tuple[Store, JobQueue]:
         )
     from backend.embedded import local_backend
 
-    return local_backend(settings)
+    return local_backend(settings)  # no worker here: jobs fail at once, saying how to start one
 
 
 def create_app(
@@ -108,4 +109,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error(503, REDIS_DOWN)
 
 
-app = create_app()
+def __getattr__(name: str) -> Any:
+    """`backend.main:app` for uvicorn, built from the environment on first access."""
+    if name == "app":
+        return create_app()
+    raise AttributeError(name)

@@ -10,17 +10,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from backend.registry import MODEL_ID
-from backend.schemas import (
-    AnalysisCreate,
-    AnalysisJob,
-    JobSampler,
-    SamplerKind,
-    format_method,
-    parse_method,
-)
+from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
+from backend.vocabulary import MODEL_ID, SamplerKind, format_method, parse_method
 
 
 class RequestError(ValueError):

@@ -47,11 +47,11 @@ class RedisQueue(JobQueue):
 
 
 class ThreadQueue(JobQueue):
-    """One daemon thread runs jobs in order; `runner(function, payload)` imports the worker lazily."""
+    """One daemon thread runs jobs in order: `runner(function, payload, analysis_id)`."""
 
-    def __init__(self, runner: Callable[[str, dict], None]) -> None:
+    def __init__(self, runner: Callable[[str, dict, str], None]) -> None:
         self.runner = runner
-        self.jobs: stdlib_queue.Queue[tuple[str, dict]] = stdlib_queue.Queue()
+        self.jobs: stdlib_queue.Queue[tuple[str, dict, str]] = stdlib_queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
@@ -60,13 +60,13 @@ class ThreadQueue(JobQueue):
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="fisherscope-worker", daemon=True)
                 self._thread.start()
-        self.jobs.put((function, payload))
+        self.jobs.put((function, payload, analysis_id))
 
     def _loop(self) -> None:
         while True:
-            function, payload = self.jobs.get()
+            function, payload, analysis_id = self.jobs.get()
             try:
-                self.runner(function, payload)
+                self.runner(function, payload, analysis_id)
             except Exception:  # the job function records failures itself; keep the thread alive
                 log.exception("in-process job %s failed", function)
             finally:

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from backend.schemas import ENGINE_VERSION
+from backend.vocabulary import MODEL_ID
 
 CACHE_ENV = "FISHERSCOPE_CACHE"
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_NAME = "tokenizer.json"
 CERTIFICATES = "certificates"
-MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 COMPUTE_DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
@@ -30,8 +31,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "Redis or the model cache is unavailable"},
 }
 
-ID_PATH = r"^[0-9a-f]{64}$"
-
 
 class JsonBytes(Response):
     """A body already serialized to the declared schema (the service splices cached summaries in)."""
@@ -44,7 +43,9 @@ def get_service(request: Request) -> AnalysisService:
 
 
 Service = Annotated[AnalysisService, Depends(get_service)]
-AnalysisId = Annotated[str, "analysis id (the cache key)"]
+AnalysisId = Annotated[
+    str, PathParam(pattern=r"^[0-9a-f]{64}$", description="analysis id: the cache key, 64 hex characters")
+]
 
 api = APIRouter(prefix="/api/v1", responses=ERRORS)
 health = APIRouter()

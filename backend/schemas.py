@@ -13,33 +13,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# Per-parameter statistics the engine computes (docs/contract.md).
-STATS: tuple[str, ...] = (
-    "fisher",
-    "uncentered",
-    "raw",
-    "mean_shift",
-    "common",
-    "rho",
-    "policy_grad",
-    "bound",
-)
+from backend.vocabulary import EngineKind, SamplerKind, parse_method
 
 # Bumped whenever the engine's numbers change, so old cache entries (and certificates) stop matching.
 ENGINE_VERSION = "2"
-
-METHOD_NAMES = ("exact", "truncated", "mc")
-
-
-class SamplerKind(StrEnum):
-    model = "model"
-    data = "data"
-    uniform = "uniform"
-
-
-class EngineKind(StrEnum):
-    model = "model"
-    bf16 = "bf16"
 
 
 class JobStatus(StrEnum):
@@ -47,45 +24,6 @@ class JobStatus(StrEnum):
     running = "running"
     done = "done"
     failed = "failed"
-
-
-def parse_method(method: str) -> tuple[str, float | None, int | None]:
-    """Split `exact` | `truncated:F` | `mc:S` into (name, fraction, samples).
-
-    Raises ValueError with a message that says which forms are accepted.
-    """
-    usage = "method must be 'exact', 'truncated:F' with 0 < F <= 1, or 'mc:S' with an integer S >= 2"
-    if not isinstance(method, str):
-        raise ValueError(usage)
-    name, sep, arg = method.strip().partition(":")
-    if name == "exact" and not sep:
-        return "exact", None, None
-    if name == "truncated" and sep:
-        try:
-            fraction = float(arg)
-        except ValueError:
-            raise ValueError(f"{usage}; got {method!r}") from None
-        if not (0.0 < fraction <= 1.0):
-            raise ValueError(f"{usage}; got fraction {arg!r}")
-        return "truncated", fraction, None
-    if name == "mc" and sep:
-        try:
-            samples = int(arg)
-        except ValueError:
-            raise ValueError(f"{usage}; got {method!r}") from None
-        if samples < 2:
-            raise ValueError(f"{usage}; got {samples} samples")
-        return "mc", None, samples
-    raise ValueError(f"{usage}; got {method!r}")
-
-
-def format_method(name: str, fraction: float | None, samples: int | None) -> str:
-    """Canonical spelling of a parsed method (so `truncated:.5` and `truncated:0.5` share a key)."""
-    if name == "truncated":
-        return f"truncated:{float(fraction or 0.0)!r}"
-    if name == "mc":
-        return f"mc:{int(samples or 0)}"
-    return "exact"
 
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -162,9 +100,6 @@ class AnalysisJob(BaseModel):
     def key(self) -> str:
         """sha256 hex of the canonical JSON: the analysis id and cache key."""
         return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
-
-    def parsed_method(self) -> tuple[str, float | None, int | None]:
-        return parse_method(self.method)
 
 
 class CostEstimate(BaseModel):

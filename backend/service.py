@@ -17,7 +17,6 @@ from backend.fastjson import is_strict_json_object, loads
 from backend.normalize import RequestError, check_model_id, check_text, normalize
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, JobQueue
 from backend.schemas import (
-    STATS,
     AnalysisCreate,
     AnalysisJob,
     AnalysisPublic,
@@ -34,6 +33,7 @@ from backend.schemas import (
 from backend.settings import Settings
 from backend.store import Store, StoredAnalysis, decode_view
 from backend.tokens import TokenCodec, codec_for_file
+from backend.vocabulary import STATS
 
 # `AnalysisPublic` serializes `result` last; a cache hit replaces this tail with the stored summary.
 _NULL_RESULT_TAIL = b',"result":null}'
@@ -246,7 +246,7 @@ class AnalysisService:
     def export(self, analysis_id: str) -> Path | AnalysisPublic:
         """The safetensors file when ready; else start computing it (once) and say so."""
         request = self._done(analysis_id).meta["request"]  # type: ignore[index]
-        path = export_path(self.settings, analysis_id)
+        path = self.settings.export_path(analysis_id)
         if path.is_file():
             return path
         meta = self.store.get_meta(analysis_id) or {}
@@ -261,10 +261,6 @@ class AnalysisService:
             job = AnalysisJob.model_validate(request)
             self.queue.enqueue(EXPORT_FUNCTION, job.model_dump(mode="json"), analysis_id)
         return self.get(analysis_id)
-
-
-def export_path(settings: Settings, analysis_id: str) -> Path:
-    return settings.exports_dir / f"{analysis_id}.safetensors"
 
 
 def _check_stat(stat: str) -> None:

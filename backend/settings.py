@@ -45,12 +45,19 @@ class Settings(BaseSettings):
     max_continuation_tokens: int = 64
     cost_budget_tflop: float = Field(default=50.0, description="refuse analyses estimated above this")
     flops_per_second: float = Field(default=5e10, description="throughput used to turn flops into seconds")
+    engine_memory_bytes: int = Field(
+        default=1 << 30, description="memory one direction chunk of the engine may use (bytes)"
+    )
     result_ttl_s: int = Field(default=7 * 24 * 3600, description="how long results stay in Redis")
     max_result_bytes: int = Field(default=64 * 2**20, description="memory budget per analysis in Redis")
     job_timeout_s: int = Field(default=3600, description="a job running longer fails")
     queue_name: str = "fisherscope"
     pooled_rows: int = 128
     pooled_cols: int = 128
+
+    def export_path(self, analysis_id: str) -> Path:
+        """Where the safetensors file of an analysis is written (by a worker) and read (by the API)."""
+        return self.exports_dir / f"{analysis_id}.safetensors"
 
     def limits(self) -> RequestLimits:
         return RequestLimits(self.max_prefix_tokens, self.max_continuation_tokens)

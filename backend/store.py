@@ -31,7 +31,7 @@ WORKER_DIED = (
 )
 
 
-def encode_pooled(pooled: dict[str, dict[str, dict]]) -> tuple[dict, dict[str, bytes]]:
+def _encode_pooled(pooled: dict[str, dict[str, dict]]) -> tuple[dict, dict[str, bytes]]:
     """Split `{stat: {tensor: PooledView}}` into a JSON header and float32 blobs keyed `stat/tensor`."""
     header: dict[str, dict[str, dict]] = {}
     blobs: dict[str, bytes] = {}
@@ -61,7 +61,25 @@ class StoredAnalysis(NamedTuple):
 
 
 class Store(ABC):
-    """Status records (`meta`), summaries and pooled views of analyses, keyed by analysis id."""
+    """Status records (`meta`), summaries and pooled views of analyses, keyed by analysis id.
+
+    A worker refreshes a running job's lease every `lease_refresh_s`; a lease older than `LEASE_TTL_S`
+    means the worker died.
+    """
+
+    lease_refresh_s = LEASE_REFRESH_S
+
+    @staticmethod
+    def encoded_size(pooled: dict[str, dict[str, dict]]) -> int:
+        """Bytes the pooled views `{stat: {tensor: view}}` take in a store (float32 values)."""
+        return sum(
+            4 * np.asarray(view["values"]).size for views in pooled.values() for view in views.values()
+        )
+
+    def save_result(self, analysis_id: str, summary: dict, pooled: dict[str, dict[str, dict]]) -> None:
+        """Store the summary and pooled views `{stat: {tensor: view}}`, then mark the analysis done."""
+        header, blobs = _encode_pooled(pooled)
+        self._save_encoded(analysis_id, summary, header, blobs)
 
     @abstractmethod
     def ping(self) -> None: ...
@@ -77,11 +95,8 @@ class Store(ABC):
     def update_meta(self, analysis_id: str, **fields: Any) -> None: ...
 
     @abstractmethod
-    def save_result(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
-        """Store the summary and pooled views, then mark the analysis done."""
-
-    @abstractmethod
-    def get_summary(self, analysis_id: str) -> dict | None: ...
+    def _save_encoded(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
+        """Store the summary and the encoded pooled views, then mark the analysis done."""
 
     @abstractmethod
     def get_pooled_header(self, analysis_id: str) -> dict | None: ...
@@ -179,7 +194,7 @@ class RedisStore(Store):
         meta.update(fields, updated=time.time())
         self.redis.set(key, json.dumps(meta), ex=self.ttl_s)
 
-    def save_result(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
+    def _save_encoded(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
         pooled_key = self._key("pooled", analysis_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(self._key("summary", analysis_id), dumps(summary), ex=self.ttl_s)
@@ -188,10 +203,6 @@ class RedisStore(Store):
         pipe.expire(pooled_key, self.ttl_s)
         pipe.execute()
         self.update_meta(analysis_id, status="done", stage="done", progress=1.0, error=None)
-
-    def get_summary(self, analysis_id: str) -> dict | None:
-        raw = self.get_summary_json(analysis_id)
-        return loads(raw) if raw else None
 
     def get_summary_json(self, analysis_id: str) -> bytes | None:
         return self.redis.get(self._key("summary", analysis_id))
@@ -269,7 +280,7 @@ class LocalStore(Store):
             meta = self._meta.setdefault(analysis_id, {})
             meta.update(fields, updated=time.time())
 
-    def save_result(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
+    def _save_encoded(self, analysis_id: str, summary: dict, header: dict, blobs: dict[str, bytes]) -> None:
         target = self._dir(analysis_id)
         staging = target.with_name(target.name + f".tmp{os.getpid()}-{threading.get_ident()}")
         shutil.rmtree(staging, ignore_errors=True)
@@ -294,10 +305,6 @@ class LocalStore(Store):
         except KeyError:
             return None
         return json.loads(path.read_text()) if path.is_file() else None
-
-    def get_summary(self, analysis_id: str) -> dict | None:
-        raw = self.get_summary_json(analysis_id)
-        return loads(raw) if raw else None
 
     def get_summary_json(self, analysis_id: str) -> bytes | None:
         with self._lock:

@@ -83,10 +83,6 @@ class ApiClient:
         body = self.request("GET", "/tokenize", params={"model": model, "text": text}).json()
         return body["tokens"] if isinstance(body, dict) else body
 
-    def stats(self) -> dict[str, int]:
-        """Service counters, e.g. {"engine_runs": n}: how often the engine actually computed."""
-        return self.request("GET", "/stats").json()
-
     def arrays_status(self, analysis_id: str) -> dict[str, Any]:
         """Ask for the safetensors file without downloading it: {"ready": bool, "bytes": n | None, ...}.
 

@@ -64,7 +64,7 @@ def embedded_service(
     }
     env.pop("REDIS_URL", None)
     env.pop("FISHERSCOPE_REDIS_URL", None)
-    code = f"from backend.embedded import serve; serve('127.0.0.1', {port})"
+    code = f"from workers.serve import serve; serve('127.0.0.1', {port})"
     process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -1,6 +1,6 @@
 """The dashboard's page: controls on the left, the slide in the middle, the explorer below.
 
-Only components and their ids live here; what they do is in `frontend.app`.
+Only components and their ids live here; what they do is in `frontend.callbacks`.
 """
 
 from __future__ import annotations
@@ -26,102 +26,92 @@ def controls(default: DashboardState) -> html.Div:
     return html.Div(
         className="controls",
         children=[
-            labelled(
-                "Model",
-                dcc.Dropdown(id="model", options=[default.model], value=default.model, clearable=False),
-            ),
-            labelled(
-                "Prefix",
-                dcc.Input(
-                    id="prefix",
-                    type="text",
-                    value=default.prefix,
-                    debounce=False,
-                    placeholder="She drank a cup of",
-                    className="text-input",
-                ),
-            ),
-            html.Div(id="token-chips", className="chips"),
-            labelled(
-                "Continuation (optional)",
-                dcc.Input(
-                    id="continuation",
-                    type="text",
-                    value="",
-                    placeholder=" coffee and",
-                    className="text-input",
-                ),
-            ),
-            labelled(
-                "Sampler",
-                dcc.RadioItems(id="sampler", options=list(SAMPLER_KINDS), value=default.sampler, inline=True),
-            ),
-            html.Div(
-                className="row",
-                children=[
-                    labelled(
-                        "Temperature",
-                        dcc.Input(
-                            id="temperature",
-                            type="number",
-                            value=default.temperature,
-                            min=0.01,
-                            step="any",
-                            className="num-input",
-                        ),
-                    ),
-                    labelled(
-                        "top-k",
-                        dcc.Input(
-                            id="top_k",
-                            type="number",
-                            value=None,
-                            min=1,
-                            step=1,
-                            placeholder="off",
-                            className="num-input",
-                        ),
-                    ),
-                    labelled(
-                        "top-p",
-                        dcc.Input(
-                            id="top_p",
-                            type="number",
-                            value=default.top_p,
-                            min=0.01,
-                            max=1,
-                            step="any",
-                            className="num-input",
-                        ),
-                    ),
-                ],
-            ),
-            labelled(
-                "Engine",
-                dcc.RadioItems(id="engine", options=list(ENGINES), value=default.engine, inline=True),
-            ),
-            labelled(
-                "Data token",
-                dcc.Input(
-                    id="data_token", type="text", value="", className="text-input", placeholder=" coffee"
-                ),
-            ),
-            labelled(
-                "Reward",
-                dcc.Input(
-                    id="reward", type="text", value="", className="text-input", placeholder=" tea:1; coffee:1"
-                ),
-                "token:value;… — or click a candidate below",
-            ),
-            html.Div(id="candidate-chips", className="chips"),
-            labelled(
-                "Method",
-                dcc.Input(id="method", type="text", value=default.method, className="text-input"),
-                "exact | truncated:F | mc:S",
-            ),
+            *text_controls(default),
+            *sampler_controls(default),
+            *reward_and_method(default),
             html.Button("Run", id="run", n_clicks=0, className="run-button"),
         ],
     )
+
+
+def text_controls(default: DashboardState) -> list:
+    """The model, the prefix with its token chips, and the optional continuation."""
+    return [
+        labelled(
+            "Model",
+            dcc.Dropdown(id="model", options=[default.model], value=default.model, clearable=False),
+        ),
+        labelled(
+            "Prefix",
+            dcc.Input(
+                id="prefix",
+                type="text",
+                value=default.prefix,
+                debounce=False,
+                placeholder="She drank a cup of",
+                className="text-input",
+            ),
+        ),
+        html.Div(id="token-chips", className="chips"),
+        labelled(
+            "Continuation (optional)",
+            dcc.Input(
+                id="continuation", type="text", value="", placeholder=" coffee and", className="text-input"
+            ),
+        ),
+    ]
+
+
+def number_input(id: str, value, **options) -> dcc.Input:
+    """A small number field (temperature, top-k, top-p); `options` are its limits and placeholder."""
+    return dcc.Input(id=id, type="number", value=value, className="num-input", **options)
+
+
+def sampler_controls(default: DashboardState) -> list:
+    """Sampler kind, temperature, top-k, top-p, engine and the data token: what draws μ."""
+    return [
+        labelled(
+            "Sampler",
+            dcc.RadioItems(id="sampler", options=list(SAMPLER_KINDS), value=default.sampler, inline=True),
+        ),
+        html.Div(
+            className="row",
+            children=[
+                labelled(
+                    "Temperature", number_input("temperature", default.temperature, min=0.01, step="any")
+                ),
+                labelled("top-k", number_input("top_k", None, min=1, step=1, placeholder="off")),
+                labelled("top-p", number_input("top_p", default.top_p, min=0.01, max=1, step="any")),
+            ],
+        ),
+        labelled(
+            "Engine",
+            dcc.RadioItems(id="engine", options=list(ENGINES), value=default.engine, inline=True),
+        ),
+        labelled(
+            "Data token",
+            dcc.Input(id="data_token", type="text", value="", className="text-input", placeholder=" coffee"),
+        ),
+    ]
+
+
+def reward_and_method(default: DashboardState) -> list:
+    """The reward (typed, or toggled with the candidate chips) and the method."""
+    return [
+        labelled(
+            "Reward",
+            dcc.Input(
+                id="reward", type="text", value="", className="text-input", placeholder=" tea:1; coffee:1"
+            ),
+            "token:value;… — or click a candidate below",
+        ),
+        html.Div(id="candidate-chips", className="chips"),
+        labelled(
+            "Method",
+            dcc.Input(id="method", type="text", value=default.method, className="text-input"),
+            "exact | truncated:F | mc:S",
+        ),
+    ]
 
 
 def slide_panel() -> html.Div:

@@ -7,16 +7,19 @@ hand-edited link never raises: each bad value yields a readable message and fall
 from __future__ import annotations
 
 import math
-import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from backend.vocabulary import MODEL_ID, EngineKind, SamplerKind, format_method, parse_method
+
 N_SLIDES = 10
-SAMPLER_KINDS = ("model", "data", "uniform")
-ENGINES = ("model", "bf16")
-CENTERINGS = ("on", "off", "raw")
-METHOD_PATTERN = re.compile(r"^(exact|truncated:(0?\.\d+|1(\.0*)?)|mc:\d+)$")
+SAMPLER_KINDS = tuple(kind.value for kind in SamplerKind)
+ENGINES = tuple(engine.value for engine in EngineKind)
+# The centering toggle: which per-parameter statistic of the summary each setting shows.
+CENTERING_STAT = {"on": "fisher", "off": "uncentered", "raw": "raw"}
+CENTERINGS = tuple(CENTERING_STAT)
 
 
 @dataclass(frozen=True)
@@ -66,25 +69,40 @@ def parse_reward(text: str) -> tuple[dict[str, float], list[str]]:
     return reward, errors
 
 
+Params = dict[str, str]
+# A number field: its type, its valid range, and how the message describes a valid value.
+NUMBER_FIELDS: dict[str, tuple[type, Callable[[Any], bool], str]] = {
+    "temperature": (float, lambda v: v > 0, "a number > 0"),
+    "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (int, lambda v: v >= 1, "an integer >= 1, or empty for off"),
+    "slide": (int, lambda v: 1 <= v <= N_SLIDES, f"an integer from 1 to {N_SLIDES}"),
+}
+CHOICE_FIELDS = {"engine": ENGINES, "sampler": SAMPLER_KINDS, "centering": CENTERINGS}
+
+
 def parse_query(query: str) -> tuple[DashboardState, list[str]]:
     """Read a URL query string (with or without '?') into a state and a list of readable messages."""
     params = dict(parse_qsl(query.lstrip("?"), keep_blank_values=True))
-    state = DashboardState()
-    errors: list[str] = []
     updates: dict[str, Any] = {}
+    errors: list[str] = []
+    for read in (read_texts, read_numbers, read_choices, read_method, read_reward):
+        read(params, updates, errors)
+    return replace(DashboardState(), **updates), errors
+
+
+def read_texts(params: Params, updates: dict[str, Any], errors: list[str]) -> None:
+    """The free-text fields as given; the model only if it is a model id."""
     for key in ("model", "prefix", "continuation", "data_token"):
         if key in params:
             updates[key] = params[key]
-    if "model" in updates and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", updates["model"]):
-        errors.append(f"model {updates['model']!r} is not a model id (letters, digits, '.', '_', '-')")
+    if "model" in updates and not MODEL_ID.fullmatch(updates["model"]):
+        errors.append(f"model {updates['model']!r} is not a model id (a-z, 0-9, '.', '_', '-')")
         del updates["model"]
-    number_fields = {
-        "temperature": (float, lambda v: v > 0, "a number > 0"),
-        "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-        "top_k": (int, lambda v: v >= 1, "an integer >= 1, or empty for off"),
-        "slide": (int, lambda v: 1 <= v <= N_SLIDES, f"an integer from 1 to {N_SLIDES}"),
-    }
-    for key, (kind, valid, expected) in number_fields.items():
+
+
+def read_numbers(params: Params, updates: dict[str, Any], errors: list[str]) -> None:
+    """Temperature, top-p, top-k (empty, 'off' or 'none' for no truncation) and the slide number."""
+    for key, (kind, valid, expected) in NUMBER_FIELDS.items():
         if key not in params or (key == "top_k" and params[key] in ("", "off", "none")):
             continue
         try:
@@ -96,23 +114,35 @@ def parse_query(query: str) -> tuple[DashboardState, list[str]]:
             errors.append(f"{key} must be {expected}, got {params[key]!r}")
             continue
         updates[key] = value
-    choices = {"engine": ENGINES, "sampler": SAMPLER_KINDS, "centering": CENTERINGS}
-    for key, allowed in choices.items():
-        if key in params:
-            if params[key] in allowed:
-                updates[key] = params[key]
-            else:
-                errors.append(f"{key} must be one of {', '.join(allowed)}, got {params[key]!r}")
-    if "method" in params:
-        if METHOD_PATTERN.match(params["method"]):
-            updates["method"] = params["method"]
+
+
+def read_choices(params: Params, updates: dict[str, Any], errors: list[str]) -> None:
+    """Engine, sampler and centering: one of the named values."""
+    for key, allowed in CHOICE_FIELDS.items():
+        if key not in params:
+            continue
+        if params[key] in allowed:
+            updates[key] = params[key]
         else:
-            errors.append(f"method must be exact, truncated:F (0 < F <= 1) or mc:S, got {params['method']!r}")
+            errors.append(f"{key} must be one of {', '.join(allowed)}, got {params[key]!r}")
+
+
+def read_method(params: Params, updates: dict[str, Any], errors: list[str]) -> None:
+    """The method in its canonical spelling (backend.vocabulary parses it)."""
+    if "method" not in params:
+        return
+    try:
+        updates["method"] = format_method(*parse_method(params["method"]))
+    except ValueError as error:
+        errors.append(str(error))
+
+
+def read_reward(params: Params, updates: dict[str, Any], errors: list[str]) -> None:
+    """The reward entries that parse, and a message for each that does not."""
     if "reward" in params:
         reward, reward_errors = parse_reward(params["reward"])
         updates["reward"] = reward
         errors.extend(reward_errors)
-    return replace(state, **updates), errors
 
 
 def to_query(state: DashboardState) -> str:

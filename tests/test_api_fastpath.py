@@ -12,13 +12,13 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from backend import registry as catalog
 from backend.main import create_app
 from backend.queue import ThreadQueue
 from backend.schemas import AnalysisCreate, AnalysisPublic
 from backend.service import AnalysisService
 from backend.settings import Settings
 from backend.store import LocalStore, RedisStore, Store
+from tests.requirements import require
 
 REDIS_URL = "redis://127.0.0.1:6379/11"
 SUMMARY = {
@@ -29,14 +29,14 @@ SUMMARY = {
     "top_coordinates": {"fisher": [{"tensor": "lm_head.weight", "index": [3, 4], "value": 0.5}]},
 }
 
-needs_tiny = pytest.mark.skipif(not catalog.is_available("tiny-random"), reason="tiny-random not fetched")
+needs_tiny = pytest.mark.usefixtures("tiny_random")  # fetched into the cache when missing
 
 
 def refuse_constant(token: str) -> None:
     raise AssertionError(f"response holds the non-JSON number {token}")
 
 
-def never_run(function: str, payload: dict) -> None:
+def never_run(function: str, payload: dict, analysis_id: str) -> None:
     raise AssertionError(f"a cache hit must not queue {function}")
 
 
@@ -53,7 +53,7 @@ def cached_analysis(store: Store, settings: Settings, summary: dict) -> tuple[An
     meta = {"status": "queued", "progress": 0.0, "stage": None, "error": None}
     meta |= {"request": job.model_dump(mode="json"), "cost": None, "created": 0.0}
     assert store.claim(analysis_id, meta)
-    store.save_result(analysis_id, summary, {}, {})
+    store.save_result(analysis_id, summary, {})
     return service, body, analysis_id
 
 
@@ -97,9 +97,10 @@ def test_nan_in_a_summary_is_served_as_null(tmp_path: Path) -> None:
 def test_redis_store_reads_meta_and_summary_in_one_round_trip(tmp_path: Path) -> None:
     connection = redis.Redis.from_url(REDIS_URL)
     try:
-        connection.ping()
+        reachable = bool(connection.ping())
     except redis.ConnectionError:
-        pytest.skip("no Redis on 127.0.0.1:6379")
+        reachable = False
+    require(reachable, "Redis on 127.0.0.1:6379 (.ci/run starts it)")
     connection.flushdb()
     try:
         settings = Settings(redis_url=REDIS_URL, results_dir=tmp_path)

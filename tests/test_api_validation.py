@@ -101,6 +101,23 @@ def test_unknown_analysis_is_404(client: TestClient) -> None:
     assert client.get("/api/v1/analyses/../../etc/passwd").status_code == 404
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/analyses/{id}",
+        "/api/v1/analyses/{id}/tensors",
+        "/api/v1/analyses/{id}/top",
+        "/api/v1/analyses/{id}/safetensors",
+        "/api/v1/analyses/{id}/tensors/lm_head.weight",
+    ],
+)
+@pytest.mark.parametrize("bad_id", ["0" * 60_000, "A" * 64, "0" * 63, "g" * 64])
+def test_malformed_ids_are_refused_at_the_route(client: TestClient, path: str, bad_id: str) -> None:
+    response = client.get(path.format(id=bad_id))
+    assert response.status_code == 422, response.text
+    assert "analysis_id" in response.json()["detail"] and "64" in response.text
+
+
 def test_tokenize_and_models(client: TestClient) -> None:
     pieces = client.get("/api/v1/tokenize", params={"model": "tiny-random", "text": " tea cup"}).json()
     assert [p["text"] for p in pieces["tokens"]] == [" tea", " cup"]

@@ -11,14 +11,15 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tests.tiny_models import FAMILIES, PAD_ID, tiny_model
+from backend.vocabulary import STATS, MethodName
+from tests.tiny_models import BUDGET, FAMILIES, PAD_ID, tiny_model
 from workers.fisher.certificate import certify
-from workers.fisher.methods import Method, MethodName
+from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import analyze_sequence
 from workers.fisher.sampler import SamplerConfig, warped_distribution
-from workers.fisher.stats import STATS, MomentSums
+from workers.fisher.stats import MomentSums
 
 CASES = [(family, tied) for family, spec in FAMILIES.items() for tied in spec.tied_options]
 IDS = [4, 9, PAD_ID, 4, 7, 12]  # a repeated token and the padding row
@@ -35,7 +36,8 @@ def _reward(vocab: int) -> torch.Tensor:
 
 
 def _engine(model, ids, p, mu, reward, on_policy, method=None) -> MomentSums:
-    moments = position_moments(model, PositionInputs(ids, p, mu, reward, on_policy), method or Method())
+    inputs = PositionInputs(ids, p, mu, reward, on_policy)
+    moments = position_moments(model, inputs, method or Method(), memory_budget_bytes=BUDGET)
     sums = MomentSums(
         [n for n, _ in model.named_parameters()], {n: tuple(t.shape) for n, t in model.named_parameters()}
     )
@@ -84,7 +86,7 @@ def test_every_stat_matches_brute_force(case):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_certificate_passes_on_the_unmodified_float32_model(case):
     family, tied = case
-    certificate = certify(tiny_model(family, tied=tied, dtype=torch.float32))
+    certificate = certify(tiny_model(family, tied=tied, dtype=torch.float32), BUDGET)
     assert certificate.passed, certificate.reason
     assert certificate.logits_error == 0.0  # the recorder only observes: the very same logits
     assert certificate.first_moment_error <= 1e-4 and certificate.square_error <= 1e-4
@@ -107,7 +109,7 @@ def _hidden_extra_use(model) -> str:
 def test_certificate_refuses_a_forward_the_engine_cannot_see_and_names_the_module():
     model = tiny_model("qwen3", dtype=torch.float32)
     module = _hidden_extra_use(model)
-    certificate = certify(model)
+    certificate = certify(model, BUDGET)
     assert not certificate.passed
     assert certificate.failing_module == module
     assert certificate.reason.startswith(f"module {module}:")
@@ -129,7 +131,7 @@ def test_an_output_edited_in_place_falls_back_to_autograd_and_stays_exact():
     p = torch.softmax(logits, -1)
     fast = _engine(model, ids, p, p, None, True)
     assert_stats_match(fast, brute_force_moments(kappa, p, p, None), kappa, p, "in-place")
-    assert certify(model).autograd_matrices == ["model.layers.1.self_attn.o_proj.weight"]
+    assert certify(model, BUDGET).autograd_matrices == ["model.layers.1.self_attn.o_proj.weight"]
 
 
 @pytest.mark.usefixtures("float64_reference")
@@ -145,13 +147,13 @@ def test_experts_through_batched_mm_take_the_autograd_path_and_stay_exact():
     assert_stats_match(
         fast, brute_force_moments(kappa, p, mu, _reward(logits.numel())), kappa, p, "grouped_mm"
     )
-    assert "expert" not in certify(model).routes
+    assert "expert" not in certify(model, BUDGET).routes
 
 
 def test_certificate_passes_with_transformers_default_grouped_mm_experts():
     model = tiny_model("qwen3_moe", dtype=torch.float32)
     model.set_experts_implementation("grouped_mm")  # float32 only; the default when nothing is asked
-    certificate = certify(model)
+    certificate = certify(model, BUDGET)
     assert certificate.passed, certificate.reason
     assert sorted(certificate.autograd_matrices) == sorted(
         f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in ("gate_up_proj", "down_proj")
@@ -166,7 +168,13 @@ def test_response_sums_match_per_position_brute_force(family):
     prefix, continuation = torch.tensor([3, 5, 3]), torch.tensor([8, 3, 1])
     reward = _reward(model.config.vocab_size)
     result = analyze_sequence(
-        model, prefix, continuation, SamplerConfig(temperature=0.7, top_k=5), Method(), reward
+        model,
+        prefix,
+        continuation,
+        SamplerConfig(temperature=0.7, top_k=5),
+        Method(),
+        reward,
+        memory_budget_bytes=BUDGET,
     )
     full = torch.cat([prefix, continuation])
     expected: dict[str, dict[str, torch.Tensor]] = {}
@@ -191,8 +199,8 @@ def test_truncation_and_monte_carlo_through_a_softcapped_head():
     logits, _ = brute_force_logit_sensitivities(model, ids)
     p = torch.softmax(logits, -1)
     exact = _engine(model, ids, p, p, None, True)
-    whole = _engine(model, ids, p, p, None, True, Method(MethodName.TRUNCATED, fraction=1.0))
-    sampled = _engine(model, ids, p, p, None, True, Method(MethodName.MC, samples=8192, seed=1))
+    whole = _engine(model, ids, p, p, None, True, Method(MethodName.truncated, fraction=1.0))
+    sampled = _engine(model, ids, p, p, None, True, Method(MethodName.mc, samples=8192, seed=1))
     num = den = 0.0
     for name in exact.names:
         torch.testing.assert_close(

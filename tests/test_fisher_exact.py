@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tiny_models import tiny_llama, tiny_qwen2
-from workers.fisher.methods import Method, MethodName
+from backend.vocabulary import STATS, MethodName, SamplerKind
+from tests.tiny_models import BUDGET, tiny_llama, tiny_qwen2
+from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import analyze_sequence, log_likelihood_gradient
 from workers.fisher.sampler import (
     SamplerConfig,
-    SamplerKind,
     one_hot_distribution,
     uniform_distribution,
     warped_distribution,
 )
-from workers.fisher.stats import STATS, MomentSums
+from workers.fisher.stats import MomentSums
 
 PREFIXES = {
     "plain": [3, 5, 8, 7, 11],
@@ -49,7 +49,7 @@ def _reward(vocab: int) -> torch.Tensor:
 
 
 def _fast_stats(
-    model, ids, p, mu, reward, on_policy, method: Method | None = None, memory_budget_bytes: int = 1 << 30
+    model, ids, p, mu, reward, on_policy, method: Method | None = None, memory_budget_bytes: int = BUDGET
 ) -> MomentSums:
     inputs = PositionInputs(ids, p, mu, reward, on_policy)
     moments = position_moments(model, inputs, method or Method(), memory_budget_bytes=memory_budget_bytes)
@@ -114,7 +114,9 @@ def test_response_sums_match_per_position_brute_force(model):
     prefix, continuation = torch.tensor([3, 5, 3]), torch.tensor([8, 3, 1])
     reward = _reward(model.config.vocab_size)
     config = SamplerConfig(temperature=0.7, top_k=5)
-    result = analyze_sequence(model, prefix, continuation, config, Method(), reward)
+    result = analyze_sequence(
+        model, prefix, continuation, config, Method(), reward, memory_budget_bytes=BUDGET
+    )
     full = torch.cat([prefix, continuation])
     expected: dict[str, dict[str, torch.Tensor]] = {}
     for t in range(continuation.numel()):
@@ -133,8 +135,8 @@ def test_response_sums_match_per_position_brute_force(model):
 
 def test_sft_gradient_is_the_accumulated_mean_shift(model):
     prefix, continuation = torch.tensor([3, 5]), torch.tensor([8, 3, 1, 9])
-    config = SamplerConfig(kind=SamplerKind.DATA)
-    result = analyze_sequence(model, prefix, continuation, config, Method())
+    config = SamplerConfig(kind=SamplerKind.data)
+    result = analyze_sequence(model, prefix, continuation, config, Method(), memory_budget_bytes=BUDGET)
     gradient = log_likelihood_gradient(model, prefix, continuation)
     for name, grad in gradient.items():
         torch.testing.assert_close(result.sums.stat("mean_shift", name), grad, rtol=1e-9, atol=1e-11)
@@ -148,8 +150,8 @@ def test_truncated_to_the_whole_trace_is_exact(model):
     logits, _ = brute_force_logit_sensitivities(model, ids)
     p = torch.softmax(logits, -1)
     exact = _fast_stats(model, ids, p, p, None, True)
-    full = _fast_stats(model, ids, p, p, None, True, Method(MethodName.TRUNCATED, fraction=1.0))
-    half = _fast_stats(model, ids, p, p, None, True, Method(MethodName.TRUNCATED, fraction=0.5))
+    full = _fast_stats(model, ids, p, p, None, True, Method(MethodName.truncated, fraction=1.0))
+    half = _fast_stats(model, ids, p, p, None, True, Method(MethodName.truncated, fraction=0.5))
     head = "lm_head.weight" if "lm_head.weight" in exact.names else None
     for name in exact.names:
         torch.testing.assert_close(
@@ -167,7 +169,7 @@ def test_monte_carlo_converges_to_exact():
     exact = _fast_stats(model, ids, p, p, None, True)
     errors = []
     for samples in (16, 256, 4096):
-        estimate = _fast_stats(model, ids, p, p, None, True, Method(MethodName.MC, samples=samples, seed=7))
+        estimate = _fast_stats(model, ids, p, p, None, True, Method(MethodName.mc, samples=samples, seed=7))
         num = sum(
             float((estimate.stat("fisher", n) - exact.stat("fisher", n)).square().sum()) for n in exact.names
         )

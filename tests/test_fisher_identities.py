@@ -10,8 +10,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from backend.schemas import parse_method
-from tests.tiny_models import tiny_llama
+from backend.vocabulary import parse_method
+from tests.tiny_models import BUDGET, tiny_llama
 from workers.fisher.covariance import output_covariance
 from workers.fisher.logit_map import LogitJacobian
 from workers.fisher.methods import Method
@@ -34,7 +34,10 @@ def _moments(model, mu, on_policy, reward=None):
     logits = model(input_ids=IDS[None]).logits[0, -1].detach()
     p = torch.softmax(logits, -1)
     moments = position_moments(
-        model, PositionInputs(IDS, p, mu(logits) if callable(mu) else mu, reward, on_policy), Method()
+        model,
+        PositionInputs(IDS, p, mu(logits) if callable(mu) else mu, reward, on_policy),
+        Method(),
+        memory_budget_bytes=BUDGET,
     )
     sums = MomentSums(
         [n for n, _ in model.named_parameters()], {n: tuple(t.shape) for n, t in model.named_parameters()}

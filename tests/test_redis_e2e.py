@@ -25,12 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/12"
 QUEUE = "fisherscope-e2e-test"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (ROOT / "workers" / "engine.py").exists(), reason="workers/engine.py not written yet"
-    ),
-]
+pytestmark = pytest.mark.slow
 
 
 def ensure_tiny() -> None:

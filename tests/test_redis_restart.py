@@ -10,11 +10,11 @@ import socket
 import subprocess
 import time
 
-import pytest
 from fastapi.testclient import TestClient
 
 from backend.main import create_app
 from backend.settings import Settings
+from tests.requirements import require
 
 PORT = 6390
 BODY = {"model": "tiny-random", "prefix": "She drank a cup of"}
@@ -48,8 +48,8 @@ def start_redis(folder) -> subprocess.Popen:
     raise RuntimeError("second redis-server did not start")
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 def test_redis_down_is_503_and_recovers(tmp_path) -> None:
+    require(shutil.which("redis-server") is not None, "redis-server")
     redis_process = start_redis(tmp_path)
     try:
         settings = Settings(redis_url=f"redis://127.0.0.1:{PORT}/0", queue_name="fisherscope-restart-test")

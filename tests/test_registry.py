@@ -7,7 +7,6 @@ are tiny random models saved as ordinary Hugging Face folders with the tiny BPE 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,11 @@ from transformers import PreTrainedTokenizerFast, ViTConfig, ViTModel
 from backend import registry
 from backend.main import create_app
 from backend.settings import Settings
+from tests.test_redis_e2e import wait_done
 from tests.tiny_models import tiny_model
 from workers.cli import main
 from workers.models.fetch import TINY_SPECIAL_TOKEN, TINY_TOKENIZER_PATH
+from workers.serve import embedded_api
 
 HIDDEN_USE_MODULE = '''
 import torch
@@ -161,22 +162,11 @@ def test_ids_that_cannot_be_added(cache, tmp_path, capsys):
     assert code == 2 and "already registered" in err
 
 
-def wait_done(client: TestClient, analysis_id: str, timeout_s: float = 180) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while (answer := client.get(f"/api/v1/analyses/{analysis_id}").json())["status"] not in (
-        "done",
-        "failed",
-    ):
-        assert time.monotonic() < deadline, answer
-        time.sleep(0.1)
-    return answer
-
-
 @pytest.mark.slow
 def test_a_registered_model_through_the_embedded_service_and_the_allow_list(cache, tmp_path, capsys):
     assert run_cli(capsys, "models", "add", "my-qwen3", str(qwen3_folder(tmp_path)))[0] == 0
     settings = Settings(redis_url=None, results_dir=tmp_path / "results", exports_dir=tmp_path / "exports")
-    client = TestClient(create_app(settings))
+    client = TestClient(embedded_api(settings))
     listed = {m["id"]: m for m in client.get("/api/v1/models").json()}
     assert listed["my-qwen3"]["architecture"] == "Qwen3ForCausalLM" and listed["my-qwen3"]["registered"]
     assert listed["my-qwen3"]["certificate"]["passed"]
@@ -187,7 +177,7 @@ def test_a_registered_model_through_the_embedded_service_and_the_allow_list(cach
     names = {t["name"] for t in done["result"]["tensors"]}
     assert "model.layers.0.self_attn.q_norm.weight" in names
 
-    limited = TestClient(create_app(settings.model_copy(update={"allowed_models": ["tiny-random"]})))
+    limited = TestClient(embedded_api(settings.model_copy(update={"allowed_models": ["tiny-random"]})))
     assert [m["id"] for m in limited.get("/api/v1/models").json()] == ["tiny-random"]
     refused = limited.post("/api/v1/analyses", json=body)
     assert refused.status_code == 422 and "my-qwen3" in refused.json()["detail"]

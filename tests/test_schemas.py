@@ -9,9 +9,10 @@ import pytest
 from backend import registry as catalog
 from backend.cost import context_lengths, estimate_cost
 from backend.normalize import RequestError, check_model_id, normalize
-from backend.schemas import STATS, AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec, parse_method
+from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
+from backend.vocabulary import STATS, parse_method
 
 
 @pytest.fixture(scope="module")
@@ -162,17 +163,20 @@ def test_cost_exact_matches_design_figure() -> None:
     assert 0.7e12 < cost.flops < 0.8e12 and cost.seconds == pytest.approx(cost.flops / 1e12)
 
 
+RATE = 1e11  # flop/s; these checks are about flops and directions, not seconds
+
+
 def test_cost_scales_with_sampler_and_method() -> None:
     info = type("Info", (), {"n_params": 1000, "d_model": 64})()
     base = AnalysisJob(model="m", weights_digest="d", input_ids=[1, 2, 3])
-    exact = estimate_cost(info, base)
-    off = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(temperature=0.7)}))
+    exact = estimate_cost(info, base, RATE)
+    off = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(temperature=0.7)}), RATE)
     assert off.directions == 2 * exact.directions
-    top_k = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(top_k=5)}))
+    top_k = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(top_k=5)}), RATE)
     assert top_k.directions == 4 + 64
-    truncated = estimate_cost(info, base.model_copy(update={"method": "truncated:0.25"}))
+    truncated = estimate_cost(info, base.model_copy(update={"method": "truncated:0.25"}), RATE)
     assert truncated.directions == 16 and truncated.upper_bound
-    assert estimate_cost(info, base.model_copy(update={"method": "mc:8"})).directions == 8
+    assert estimate_cost(info, base.model_copy(update={"method": "mc:8"}), RATE).directions == 8
     response = base.model_copy(update={"continuation_ids": [7, 8, 9]})
     assert context_lengths(response) == [3, 4, 5]
-    assert estimate_cost(info, response).flops == pytest.approx(exact.flops * 12 / 3)
+    assert estimate_cost(info, response, RATE).flops == pytest.approx(exact.flops * 12 / 3)

@@ -16,8 +16,10 @@ from frontend.slides import (
     s07_hidden_directions,
     s10_not_a_defect,
 )
+from frontend.slides.common import pct
 
 FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2.json"
+DATA_FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2_data.json"
 ESSAYS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
 
 
@@ -93,11 +95,86 @@ def test_without_reward_the_gradient_slide_says_so(summary):
     assert "gradient is zero" in s02_gradient_covariance.reading(no_reward, "on")
 
 
+def test_gradient_reading_sums_the_engines_rewarded_rows(summary):
+    position = summary["positions"][0]
+    rewarded = [token for token in position["p"]["top"] if token["reward"] != 0]
+    assert [token["text"] for token in rewarded] == [" tea"]
+    (tea,) = rewarded
+    sentence = s02_gradient_covariance.reading(summary, "on")
+    share = tea["row_fisher"] / position["output_layer"]["total"]
+    assert f"The rewarded row ' tea' holds {pct(share)} of the output-layer Fisher" in sentence
+    assert f"its gradient is {pct(tea['row_policy_grad'] / tea['row_bound'])} of the bound" in sentence
+    overlap = summary["overlap"]
+    assert f"hold {pct(overlap['fisher_vs_policy_grad'][1])} of the top 1% by |gradient|" in sentence
+
+
 def test_on_policy_has_no_engine_shift(summary):
     on_policy = json.loads(json.dumps(summary))
     for token in on_policy["positions"][0]["p"]["top"]:
         token["mu"] = token["p"]
+        token["row_fisher"] = token["row_fisher_p"]
+        token["row_shift_sq"] = 0.0
     assert "no shift" in s10_not_a_defect.reading(on_policy, "on")
+    # the engine's own on-policy summary: model sampler at temperature 1, engine model
+    engine_on_policy = json.loads(RESPONSE_FIXTURE.read_text())
+    assert engine_on_policy["sampler"]["on_policy"] is True
+    assert "no shift" in s10_not_a_defect.reading(engine_on_policy, "on")
+
+
+def test_mismatch_reading_ranks_rows_by_the_engines_shift_over_fisher(summary):
+    top = summary["positions"][0]["p"]["top"]
+    ratios = [token["row_shift_sq"] / token["row_fisher_p"] for token in top]
+    worst = top[ratios.index(max(ratios))]
+    rarest = min(top, key=lambda token: token["p"])
+    sentence = s10_not_a_defect.reading(summary, "on")
+    assert sentence.startswith("Sampler (engine model, temperature 0.7): ")
+    assert f"on the row of '{worst['text']}' (shift²/Fisher = {max(ratios):.2g})" in sentence
+    rare_ratio = rarest["row_shift_sq"] / rarest["row_fisher_p"]
+    assert f"'{rarest['text']}' (p = {rarest['p']:.2g}) has {rare_ratio:.2g}" in sentence
+
+
+def test_output_layer_reading_quotes_the_bound(summary):
+    output = summary["positions"][0]["output_layer"]
+    outside = next(bound for bound in output["concentration_bound"] if bound["top_tokens"] == 20)
+    sentence = s06_output_layer.reading(summary, "on")
+    others = summary["model"]["vocab_size"] - 20
+    assert f"The other {others:,} rows share {pct(outside['share_outside'])}, under the bound " in sentence
+    assert sentence.endswith(f"{pct(outside['bound'])}.")
+
+
+def test_output_layer_reading_with_a_null_bound_under_a_logit_map(summary):
+    """Softcapped logits: the engine states no bound, and the reading says why instead of quoting one."""
+    softcapped = json.loads(json.dumps(summary))
+    output = softcapped["positions"][0]["output_layer"]
+    output["logit_map"] = True
+    for bound in output["concentration_bound"]:
+        bound["bound"] = None
+    sentence = s06_output_layer.reading(softcapped, "on")
+    assert "the bound is not stated for a non-linear logit map" in sentence
+    assert "under the bound" not in sentence
+    outside = next(bound for bound in output["concentration_bound"] if bound["top_tokens"] == 20)
+    assert f"rows share {pct(outside['share_outside'])}; " in sentence
+
+
+def test_output_layer_reading_with_a_null_bound_under_a_one_hot_mu():
+    """The data sampler: μ one-hot, 1 − Σμ² = 0, so the engine states no bound and no row learns."""
+    data = json.loads(DATA_FIXTURE.read_text())
+    output = data["positions"][0]["output_layer"]
+    assert output["logit_map"] is False and output["total"] == 0.0
+    assert all(bound["bound"] is None for bound in output["concentration_bound"])
+    sentence = s06_output_layer.reading(data, "on")
+    assert "no output row learns" in sentence
+    assert "the bound is not stated for a one-hot μ" in sentence
+
+
+@pytest.mark.parametrize("centering", ["on", "off", "raw"])
+def test_every_slide_reads_the_data_sampler(centering):
+    """A one-hot μ: the centered Fisher is 0 everywhere, and no reading divides by it."""
+    data = json.loads(DATA_FIXTURE.read_text())
+    assert data["totals"]["fisher"] == 0.0
+    for module in SLIDES:
+        assert isinstance(module.figure(data, centering), go.Figure)
+        assert len(module.reading(data, centering)) > 40, module.TITLE
 
 
 def test_response_slides_without_continuation_ask_for_one(summary):

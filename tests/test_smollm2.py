@@ -10,11 +10,18 @@ import pytest
 import torch
 
 from backend.schemas import AnalysisJob, JobSampler
-from workers.engine import run_analysis
+from backend.settings import Settings
+from workers.fisher.position import HeadLayout
 from workers.fisher.sampler import warped_distribution
+from workers.jobs import analyze_job
 
 pytestmark = pytest.mark.slow
 PREFIX = "She drank a cup of"
+
+
+def run_analysis(loaded, job: AnalysisJob, progress=None):
+    """The worker's own path from a job to an analysis, at the configured settings."""
+    return analyze_job(loaded, job, Settings(), progress)
 
 
 def _job(loaded, **kwargs) -> AnalysisJob:
@@ -36,7 +43,7 @@ def on_policy(smollm2):
 def test_coffee_and_tea_rows_are_coin_flips(smollm2, on_policy):
     summary = on_policy.summary
     assert summary["positions"][0]["p"]["top"][0]["text"] == " coffee"
-    head = on_policy.per_parameter("fisher")[on_policy.layout.head_name]
+    head = on_policy.per_parameter("fisher")[HeadLayout.of(smollm2.model).head_name]
     ids = torch.tensor(_job(smollm2).input_ids)
     with torch.no_grad():
         hidden = smollm2.model.model(input_ids=ids[None]).last_hidden_state[0, -1]

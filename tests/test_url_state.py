@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.state import DashboardState, parse_query, parse_reward, to_query, to_request
+from frontend.state import (
+    CENTERING_STAT,
+    CENTERINGS,
+    DashboardState,
+    parse_query,
+    parse_reward,
+    to_query,
+    to_request,
+)
 
 
 def test_round_trip_of_every_field():
@@ -43,7 +51,8 @@ def test_empty_query_is_the_default_state():
         ("centering=sideways", "centering must be one of on, off, raw"),
         ("engine=fp8", "engine must be one of model, bf16"),
         ("sampler=greedy", "sampler must be one of model, data, uniform"),
-        ("method=magic", "method must be exact, truncated:F"),
+        ("method=magic", "method must be 'exact', 'truncated:F' with 0 < F <= 1, or 'mc:S'"),
+        ("method=truncated:2", "method must be 'exact', 'truncated:F' with 0 < F <= 1"),
         ("reward=%20tea:lots", "reward for ' tea' must be a number"),
         ("model=../../etc/passwd", "is not a model id"),
     ],
@@ -53,6 +62,16 @@ def test_bad_values_give_readable_messages_and_keep_defaults(query, fragment):
     assert len(errors) == 1 and fragment in errors[0]
     key = query.split("=")[0]
     assert getattr(state, key) == getattr(DashboardState(), key)
+
+
+def test_method_is_read_in_its_canonical_spelling():
+    state, errors = parse_query("?method=truncated:.5")
+    assert errors == [] and state.method == "truncated:0.5"
+
+
+def test_centering_settings_are_the_statistics_they_show():
+    assert CENTERINGS == ("on", "off", "raw")
+    assert CENTERING_STAT == {"on": "fisher", "off": "uncentered", "raw": "raw"}
 
 
 def test_reward_parsing_keeps_colons_in_tokens():

@@ -15,6 +15,9 @@ import torch
 import transformers as hf
 from torch import nn
 
+from backend.settings import Settings
+
+BUDGET = Settings().engine_memory_bytes  # the configured memory of one direction chunk
 VOCAB = 37
 HIDDEN = 16
 PAD_ID = 1  # inside the vocabulary, and used in a test prefix so padding rows are exercised

@@ -1,8 +1,9 @@
-"""From an ``AnalysisJob`` to an ``Analysis``: the one place that joins the math to the wire schemas.
+"""From an analysis request to an ``Analysis``: the math of ``workers/fisher`` and its summaries.
 
-``workers/fisher`` knows tensors only; this module turns a tokenized job into sampler, method and
-reward tensors, runs the sequence analysis with progress, and exposes the result as the summary JSON
-(docs/contract.md), per-parameter arrays, pooled views, and a safetensors file.
+Why a request of its own rather than the wire's ``AnalysisJob``: the engine is used by the queue's jobs,
+the CLI, studies and benchmarks, and depends on none of them; ``workers.jobs`` translates a job into an
+``AnalysisRequest``. The ``Analysis`` exposes the summary JSON (docs/contract.md), per-parameter
+arrays, pooled views and a safetensors file.
 """
 
 from __future__ import annotations
@@ -11,72 +12,55 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from backend.cost import estimate_cost
-from backend.schemas import AnalysisJob, parse_method
-from workers.fisher.methods import Method, MethodName
+from backend.vocabulary import STATS, EngineKind, SamplerKind
+from workers.fisher.methods import Method
+from workers.fisher.model_summary import model_summary
 from workers.fisher.pooling import block_edges, pooled_view
 from workers.fisher.position import HeadLayout
+from workers.fisher.position_summary import position_summary
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
-from workers.fisher.sampler import Engine, SamplerConfig, SamplerKind
-from workers.fisher.stats import STATS
-from workers.fisher.summary import model_summary, position_summary, response_summary
+from workers.fisher.response_summary import response_summary
+from workers.fisher.sampler import SamplerConfig
 from workers.models.loading import LoadedModel
 
 ProgressCallback = Callable[[str, float], None]
 # the fraction of the progress bar each stage spans
 _STAGES = {"forward": (0.0, 0.05), "directions": (0.05, 0.85), "summary": (0.85, 1.0)}
+CURVE_STATS = ("fisher", "uncentered", "raw")
 
 
-def measured_flops_per_second(size: int = 1024, repeats: int = 3) -> float:
-    """The float32 matmul rate of this device, measured now (for cost estimates in seconds)."""
-    a = torch.randn(size, size)
-    a @ a
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    return repeats * 2 * size**3 / (time.perf_counter() - start)
+@dataclass(frozen=True)
+class AnalysisRequest:
+    """What to analyse: the prefix, an optional response, the sampler mu, the method, a reward."""
 
+    input_ids: list[int]
+    continuation_ids: list[int] = field(default_factory=list)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    method: Method = field(default_factory=Method)
+    reward: dict[int, float] = field(default_factory=dict)  # token id -> reward; others 0
 
-def sampler_config(job: AnalysisJob) -> SamplerConfig:
-    s = job.sampler
-    return SamplerConfig(
-        kind=SamplerKind(s.kind.value if hasattr(s.kind, "value") else s.kind),
-        temperature=float(s.temperature),
-        top_k=s.top_k,
-        top_p=float(s.top_p),
-        engine=Engine(s.engine.value if hasattr(s.engine, "value") else s.engine),
-        data_token_id=s.data_token_id,
-    )
-
-
-def reward_vector(job: AnalysisJob, vocab_size: int) -> torch.Tensor | None:
-    if not job.reward:
-        return None
-    reward = torch.zeros(vocab_size, dtype=torch.float64)
-    for token, value in job.reward.items():
-        reward[int(token)] = float(value)
-    return reward
-
-
-def job_method(job: AnalysisJob) -> Method:
-    name, fraction, samples = parse_method(job.method)
-    # a fixed seed derived from the job keeps Monte Carlo results reproducible per cache key
-    return Method(MethodName(name), fraction=fraction, samples=samples, seed=int(job.key()[:8], 16))
+    def reward_vector(self, vocab_size: int, device: torch.device) -> torch.Tensor | None:
+        if not self.reward:
+            return None
+        reward = torch.zeros(vocab_size, dtype=torch.float64, device=device)
+        for token, value in self.reward.items():
+            reward[int(token)] = float(value)
+        return reward
 
 
 class Analysis:
     """A finished analysis: the summary JSON plus the per-parameter sums it was drawn from."""
 
-    def __init__(self, job: AnalysisJob, sequence: SequenceAnalysis, layout: HeadLayout, summary: dict):
-        self.job = job
+    def __init__(self, request: AnalysisRequest, sequence: SequenceAnalysis, summary: dict):
+        self.request = request
         self.sequence = sequence
-        self.layout = layout
         self.summary = summary
 
     def per_parameter(self, stat: str) -> dict[str, torch.Tensor]:
@@ -101,7 +85,7 @@ class Analysis:
                 }
         return out
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
         """safetensors: ``<stat>/<param name>`` for every stat and parameter, plus the token ids."""
         tensors: dict[str, torch.Tensor] = {}
         seen: set[int] = set()
@@ -112,11 +96,14 @@ class Analysis:
                     value = value.clone()
                 seen.add(value.data_ptr())
                 tensors[f"{stat}/{name}"] = value
-        tensors["input_ids"] = torch.tensor(self.job.input_ids, dtype=torch.int64)
-        if self.job.continuation_ids:
-            tensors["continuation_ids"] = torch.tensor(self.job.continuation_ids, dtype=torch.int64)
-        metadata = {"job": self.job.canonical_json(), "summary_totals": json.dumps(self.summary["totals"])}
-        save_file(tensors, str(path), metadata=metadata)
+        tensors["input_ids"] = torch.tensor(self.request.input_ids, dtype=torch.int64)
+        if self.request.continuation_ids:
+            tensors["continuation_ids"] = torch.tensor(self.request.continuation_ids, dtype=torch.int64)
+        save_file(
+            tensors,
+            str(path),
+            metadata={"summary_totals": json.dumps(self.summary["totals"]), **(metadata or {})},
+        )
 
 
 def _zero_view(shape: tuple[int, ...], max_rows: int, max_cols: int) -> dict:
@@ -138,53 +125,56 @@ def _staged(progress: ProgressCallback | None) -> ProgressCallback:
 
 def run_analysis(
     loaded: LoadedModel,
-    job: AnalysisJob,
+    request: AnalysisRequest,
+    memory_budget_bytes: int,
     progress: ProgressCallback | None = None,
-    memory_budget_bytes: int = 1 << 30,
 ) -> Analysis:
-    """Compute every quantity of DESIGN.md section 2 for ``job`` on ``loaded``'s model."""
+    """Compute every quantity of DESIGN.md section 2 for ``request`` on ``loaded``'s model."""
     started = time.perf_counter()
     report = _staged(progress)
     model = loaded.model
-    sampler = sampler_config(job)
-    method = job_method(job)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    reward = reward_vector(job, vocab)
-    engine_model = (
-        loaded.bf16() if sampler.engine == Engine.BF16 and sampler.kind == SamplerKind.MODEL else None
-    )
+    sampler = request.sampler
     device = next(model.parameters()).device  # a worker puts the model on the GPU when it has one
-    reward = None if reward is None else reward.to(device)
-    prefix = torch.tensor(job.input_ids, dtype=torch.long, device=device)
-    continuation = torch.tensor(job.continuation_ids, dtype=torch.long, device=device)
+    reward = request.reward_vector(model.get_output_embeddings().weight.shape[0], device)
+    engine_model = (
+        loaded.bf16() if sampler.engine == EngineKind.bf16 and sampler.kind == SamplerKind.model else None
+    )
     sequence = analyze_sequence(
-        model, prefix, continuation, sampler, method, reward, engine_model, memory_budget_bytes, report
+        model,
+        torch.tensor(request.input_ids, dtype=torch.long, device=device),
+        torch.tensor(request.continuation_ids, dtype=torch.long, device=device),
+        sampler,
+        request.method,
+        reward,
+        engine_model,
+        memory_budget_bytes=memory_budget_bytes,
+        progress=report,
     )
     report("summary", 0.0)
-    layout = HeadLayout.of(model)
-    summary = build_summary(loaded, job, sequence, layout, method, reward)
+    summary = build_summary(loaded, request, sequence, HeadLayout.of(model), reward)
     summary["timing"] = {"seconds": time.perf_counter() - started}
     report("summary", 1.0)
-    return Analysis(job, sequence, layout, summary)
+    return Analysis(request, sequence, summary)
 
 
 def build_summary(
     loaded: LoadedModel,
-    job: AnalysisJob,
+    request: AnalysisRequest,
     sequence: SequenceAnalysis,
     layout: HeadLayout,
-    method: Method,
     reward: torch.Tensor | None,
 ) -> dict:
     decode = loaded.decode_token
     info = loaded.info
-    on_policy = sampler_config(job).is_on_policy
-    whole = model_summary(
-        sequence.sums, layout.head_name, layout.embedding_name, ("fisher", "uncentered", "raw")
-    )
+    sampler = request.sampler
+    method = request.method
+    whole = model_summary(sequence.sums, layout.head_name, layout.embedding_name, CURVE_STATS)
     positions = [position_summary(r, i, decode, reward) for i, r in enumerate(sequence.positions)]
     first = sequence.positions[0]
-    data_token = job.sampler.data_token_id
+
+    def tokens(ids: list[int]) -> list[dict]:
+        return [{"id": int(t), "text": decode(int(t))} for t in ids]
+
     return {
         "model": {
             "id": info.id,
@@ -197,16 +187,15 @@ def build_summary(
             "architecture": info.architecture,
             "dtype": info.dtype,
         },
-        "tokens": {
-            "prefix": [{"id": t, "text": decode(t)} for t in job.input_ids],
-            "continuation": [{"id": t, "text": decode(t)} for t in job.continuation_ids],
-        },
+        "tokens": {"prefix": tokens(request.input_ids), "continuation": tokens(request.continuation_ids)},
         "sampler": {
-            **job.sampler.model_dump(mode="json"),
-            "data_token_text": decode(data_token) if data_token is not None else None,
-            "on_policy": on_policy,
+            **{
+                key: str(value) if isinstance(value, str) else value for key, value in asdict(sampler).items()
+            },
+            "data_token_text": decode(sampler.data_token_id) if sampler.data_token_id is not None else None,
+            "on_policy": sampler.is_on_policy,
         },
-        "reward": [{"id": int(t), "text": decode(int(t)), "value": v} for t, v in job.reward.items()],
+        "reward": [{"id": int(t), "text": decode(int(t)), "value": v} for t, v in request.reward.items()],
         "method": {
             "name": method.name.value,
             "fraction": method.fraction,
@@ -215,7 +204,6 @@ def build_summary(
             "kept_share": min(r.kept_share for r in sequence.positions),
             "missing_estimate": max(r.missing_estimate for r in sequence.positions),
         },
-        "cost": estimate_cost(info, job).model_dump(mode="json"),
         "positions": positions,
         **whole,
         "response": response_summary(sequence, decode),

@@ -1,8 +1,9 @@
 """The functions the queue runs: one analysis into the store, or one safetensors export to a file.
 
-Why separate from the engine: the engine is pure glue from a job to numbers; this module is the IO
-around it (the model pool, progress and a lease in the store, the memory budget of pooled views) and
-is shared by the RQ worker process and the embedded in-process worker thread.
+Why separate from the engine: the engine computes an ``AnalysisRequest``; this module is the glue
+around it (a wire ``AnalysisJob`` into a request, the model pool, progress and a lease in the store,
+the cost estimate, the memory budget of pooled views), shared by the RQ worker process and the
+embedded in-process worker thread. It talks to the store through ``backend.store.Store`` only.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from backend.cost import estimate_cost
 from backend.schemas import AnalysisJob
-from backend.service import export_path
 from backend.settings import Settings, get_settings
-from backend.store import LEASE_REFRESH_S, RedisStore, Store, encode_pooled
+from backend.store import RedisStore, Store
+from workers.engine import Analysis, AnalysisRequest, ProgressCallback, run_analysis
+from workers.fisher.methods import Method
+from workers.fisher.sampler import SamplerConfig
 from workers.models.loading import LoadedModel, ModelPool
 
 ENGINE_RUNS = "engine_runs"
@@ -37,13 +41,41 @@ def model_pool() -> ModelPool:
         return _pool
 
 
+def request_from_job(job: AnalysisJob) -> AnalysisRequest:
+    """The engine's request for a normalized job; Monte Carlo draws are seeded by the job's key."""
+    s = job.sampler
+    return AnalysisRequest(
+        input_ids=list(job.input_ids),
+        continuation_ids=list(job.continuation_ids),
+        sampler=SamplerConfig(
+            s.kind, float(s.temperature), s.top_k, float(s.top_p), s.engine, s.data_token_id
+        ),
+        method=Method.parse(job.method, seed=int(job.key()[:8], 16)),
+        reward={int(token): float(value) for token, value in job.reward.items()},
+    )
+
+
+def analyze_job(
+    loaded: LoadedModel,
+    job: AnalysisJob,
+    settings: Settings,
+    progress: ProgressCallback | None = None,
+    flops_per_second: float | None = None,
+) -> Analysis:
+    """Run ``job``; its summary gets the cost estimate at ``flops_per_second`` (else the configured rate)."""
+    analysis = run_analysis(loaded, request_from_job(job), settings.engine_memory_bytes, progress)
+    rate = flops_per_second or settings.flops_per_second
+    analysis.summary["cost"] = estimate_cost(loaded.info, job, rate).model_dump(mode="json")
+    return analysis
+
+
 @contextmanager
 def leased(store: Store, analysis_id: str) -> Iterator[None]:
     """Refresh the job's lease while it runs, so a dead worker shows as failed, not running forever."""
     stop = threading.Event()
 
     def beat() -> None:
-        while not stop.wait(LEASE_REFRESH_S):
+        while not stop.wait(store.lease_refresh_s):
             with contextlib.suppress(Exception):  # Redis briefly away: the next beat retries
                 store.touch_lease(analysis_id)
 
@@ -72,13 +104,13 @@ def load_for(job: AnalysisJob, pool: ModelPool) -> LoadedModel:
     return loaded
 
 
-def pooled_within_budget(analysis, settings: Settings) -> tuple[dict, dict[str, bytes]]:
+def pooled_within_budget(analysis: Analysis, store: Store, settings: Settings) -> dict:
     """Pooled views at the configured grid, halved until they fit the per-analysis memory budget."""
     rows, cols = settings.pooled_rows, settings.pooled_cols
     while True:
-        header, blobs = encode_pooled(analysis.pooled(max_rows=rows, max_cols=cols))
-        if sum(len(blob) for blob in blobs.values()) <= settings.max_result_bytes or rows * cols <= 4:
-            return header, blobs
+        pooled = analysis.pooled(max_rows=rows, max_cols=cols)
+        if store.encoded_size(pooled) <= settings.max_result_bytes or rows * cols <= 4:
+            return pooled
         rows, cols = max(1, rows // 2), max(1, cols // 2)
 
 
@@ -90,13 +122,12 @@ def execute_analysis(
     store.update_meta(analysis_id, status="running", stage="load", progress=0.0, error=None)
     with leased(store, analysis_id):
         try:
-            from workers.engine import run_analysis
-
             loaded = load_for(job, pool or model_pool())
             store.count(ENGINE_RUNS)
-            analysis = run_analysis(loaded, job, lambda stage, p: store.set_progress(analysis_id, stage, p))
-            header, blobs = pooled_within_budget(analysis, settings)
-            store.save_result(analysis_id, analysis.summary, header, blobs)
+            analysis = analyze_job(
+                loaded, job, settings, lambda stage, p: store.set_progress(analysis_id, stage, p)
+            )
+            store.save_result(analysis_id, analysis.summary, pooled_within_budget(analysis, store, settings))
         except BaseException as error:  # includes RQ's timeout; the job must end failed, never running
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):
@@ -108,14 +139,12 @@ def execute_export(
 ) -> Path | None:
     """Recompute the analysis and write every per-parameter array to `<exports_dir>/<id>.safetensors`."""
     analysis_id = job.key()
-    target = export_path(settings, analysis_id)
+    target = settings.export_path(analysis_id)
     try:
-        from workers.engine import run_analysis
-
-        analysis = run_analysis(load_for(job, pool or model_pool()), job, None)
+        analysis = analyze_job(load_for(job, pool or model_pool()), job, settings)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.part")
-        analysis.save(partial)
+        analysis.save(partial, metadata={"job": job.canonical_json()})
         partial.replace(target)
         store.update_meta(analysis_id, export_status="done", export_error=None)
         return target

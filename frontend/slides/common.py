@@ -1,4 +1,4 @@
-"""What every slide module provides, and small formatting helpers for the sentences that read figures."""
+"""What every slide module provides, and the small helpers the sentences that read figures share."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import plotly.graph_objects as go
 
-Summary = dict[str, Any]
+from frontend.plots import Summary
 
 
 class SlideModule(Protocol):
@@ -34,20 +34,17 @@ def num(value: float) -> str:
     return f"{value:.3g}"
 
 
-def quoted(text: str) -> str:
-    return "'" + text.replace("\n", "\\n") + "'"
-
-
 def first_position(summary: Summary) -> dict[str, Any]:
+    """The prefix's next-token position, the one the single-position slides read."""
     return summary["positions"][0]
 
 
-def prefix_text(summary: Summary) -> str:
-    return "".join(token["text"] for token in summary["tokens"]["prefix"])
-
-
-def layer_share(summary: Summary, stat: str) -> tuple[Any, float]:
-    """The layer holding the largest part of a statistic, and that part's share of the whole."""
-    total = sum(row["totals"][stat] for row in summary["layers"]) or 1.0
-    best = max(summary["layers"], key=lambda row: row["totals"][stat])
-    return best["layer"], best["totals"][stat] / total
+def sampler_settings(summary: Summary) -> list[str]:
+    """The sampler's temperature, and its top-k and top-p where they truncate: ['temperature 0.7', ...]."""
+    sampler = summary["sampler"]
+    parts = [f"temperature {sampler.get('temperature', 1.0):g}"]
+    if sampler.get("top_k"):
+        parts.append(f"top-k {sampler['top_k']}")
+    if sampler.get("top_p", 1.0) < 1.0:
+        parts.append(f"top-p {sampler['top_p']:g}")
+    return parts

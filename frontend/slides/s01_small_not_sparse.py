@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from frontend import figures
-from frontend.slides.common import Summary, layer_share, pct
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from frontend.plots import LAYOUT, LOG_TICKS, STAT_LABEL, Summary, layer_label, stat_for_centering
+from frontend.slides.common import pct
 
 TITLE = "1. Small is not sparse"
 CLAIM = (
@@ -16,16 +21,59 @@ FORMULA = (
 )
 
 
-def figure(summary: Summary, centering: str):
-    return figures.concentration_curve(summary, centering)
+def figure(summary: Summary, centering: str) -> go.Figure:
+    """Share of the total held by the top q of coordinates, with the uniform (dense) line for reference,
+    and the statistic summed per layer."""
+    stat = stat_for_centering(centering)
+    curve = summary["concentration"][stat]
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.45, 0.55],
+        subplot_titles=("share held by the top q of coordinates", "mass per layer"),
+    )
+    fig.add_trace(go.Scatter(x=curve["q"], y=curve["share"], mode="lines", name=STAT_LABEL[stat]), 1, 1)
+    dense = go.Scatter(
+        x=curve["q"],
+        y=curve["q"],
+        mode="lines",
+        name="dense (uniform)",
+        line={"dash": "dot", "color": "grey"},
+    )
+    fig.add_trace(dense, 1, 1)
+    fig.add_trace(layer_bars(summary["layers"], stat), 1, 2)
+    fig.update_xaxes(
+        type="log", title_text="top share q of coordinates (fraction)", **LOG_TICKS, row=1, col=1
+    )
+    fig.update_yaxes(title_text="share of total", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(title_text=f"{stat}, summed over the layer", row=1, col=2)
+    fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def layer_bars(layers: list[dict[str, Any]], stat: str) -> go.Bar:
+    """The statistic summed over each layer, as the engine reports it."""
+    return go.Bar(
+        x=[layer_label(row["layer"]) for row in layers],
+        y=[row["totals"][stat] for row in layers],
+        name=f"{stat} per layer",
+        marker_color="#1f77b4",
+    )
+
+
+def layer_share(summary: Summary, stat: str) -> tuple[Any, float]:
+    """The layer holding the largest part of a statistic, and that part's share of the whole."""
+    total = sum(row["totals"][stat] for row in summary["layers"]) or 1.0
+    best = max(summary["layers"], key=lambda row: row["totals"][stat])
+    return best["layer"], best["totals"][stat] / total
 
 
 def reading(summary: Summary, centering: str) -> str:
-    stat = figures.stat_for_centering(centering)
+    stat = stat_for_centering(centering)
     at = summary["concentration"][stat]["at"]
     layer, share = layer_share(summary, stat)
     return (
         f"The top 1% of the model's {summary['model']['n_params']:,} coordinates hold {pct(at['0.01'])} "
-        f"of the {figures.STAT_LABEL[stat]} (0.1% hold {pct(at['0.001'])}), against 1% if it were "
-        f"spread evenly; layer {figures.layer_label(layer)} holds the most, {pct(share)} of the total."
+        f"of the {STAT_LABEL[stat]} (0.1% hold {pct(at['0.001'])}), against 1% if it were "
+        f"spread evenly; layer {layer_label(layer)} holds the most, {pct(share)} of the total."
     )

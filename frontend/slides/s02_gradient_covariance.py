@@ -1,9 +1,18 @@
-"""Slide 2, Part 1 section 2: the gradient is a covariance, the Fisher a variance."""
+"""Slide 2, Part 1 section 2: the gradient is a covariance, the Fisher a variance.
+
+The output rows' numbers are the engine's (`row_fisher`, `row_policy_grad`, `row_bound` of each top
+token, the last two only when a reward is set); the overlap of the top-q sets is `summary["overlap"]`.
+"""
 
 from __future__ import annotations
 
-from frontend import figures
-from frontend.slides.common import Summary, first_position, pct, quoted
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from frontend.plots import LAYOUT, Summary, token_label, unique_token_labels
+from frontend.slides.common import first_position, pct
 
 TITLE = "2. The gradient is a covariance, the Fisher a variance"
 CLAIM = (
@@ -14,42 +23,104 @@ FORMULA = (
     r"$$G_i=\mathbb{E}\big[A\cdot\mathrm{score}_i\big]=\operatorname{Cov}(A,\mathrm{score}_i),\qquad "
     r"F_i=\operatorname{Var}(\mathrm{score}_i),\qquad |G_i|\le\operatorname{std}(A)\sqrt{F_i}$$"
 )
+ROWS_SHOWN = 12
 
 
-def figure(summary: Summary, centering: str):
-    return figures.gradient_vs_bound(summary)
+def row_values(tokens: list[dict[str, Any]], key: str) -> list[float]:
+    """The engine's `row_policy_grad` or `row_bound` of each token; without a reward both are 0."""
+    return [token.get(key, 0.0) for token in tokens]
+
+
+def figure(summary: Summary, centering: str) -> go.Figure:
+    """Per output row |G| against std(r) sqrt(F); overlap of the top-q sets against random."""
+    top = first_position(summary)["p"]["top"][:ROWS_SHOWN]
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.6, 0.4],
+        subplot_titles=(
+            "output rows: |gradient| vs bound std(r)·√F",
+            "top-q by Fisher ∩ top-q by |gradient|",
+        ),
+    )
+    labels = unique_token_labels(top)
+    bound = go.Bar(x=labels, y=row_values(top, "row_bound"), name="bound std(r)·√F", marker_color="#aec7e8")
+    fig.add_trace(bound, 1, 1)
+    gradient = go.Bar(
+        x=labels, y=row_values(top, "row_policy_grad"), name="|policy gradient|", marker_color="#d62728"
+    )
+    fig.add_trace(gradient, 1, 1)
+    add_overlap(fig, summary.get("overlap"))
+    fig.update_layout(**LAYOUT, barmode="group", legend={"orientation": "h", "y": -0.25})
+    fig.update_yaxes(title_text="per row (‖·‖ over the row)", row=1, col=1)
+    fig.update_yaxes(title_text="share of the top-q gradient set", range=[0, 1], row=1, col=2)
+    return fig
+
+
+def add_overlap(fig: go.Figure, overlap: dict[str, Any] | None) -> None:
+    """Right panel: the top-q overlap of Fisher and |gradient| against its random baseline."""
+    if not overlap:
+        fig.add_annotation(
+            text="set a reward to see the overlap",
+            showarrow=False,
+            xref="x2 domain",
+            yref="y2 domain",
+            x=0.5,
+            y=0.5,
+        )
+        return
+    qs = [f"{100 * q:g}%" for q in overlap["q"]]
+    fig.add_trace(
+        go.Bar(x=qs, y=overlap["fisher_vs_policy_grad"], name="overlap", marker_color="#2ca02c"), 1, 2
+    )
+    baseline = go.Scatter(
+        x=qs,
+        y=overlap["baseline"],
+        name="random baseline",
+        mode="lines+markers",
+        line={"dash": "dot", "color": "grey"},
+    )
+    fig.add_trace(baseline, 1, 2)
 
 
 def reading(summary: Summary, centering: str) -> str:
     position = first_position(summary)
-    rewarded = [row for row in figures.reward_rows(position) if row["reward"] != 0]
+    rewarded = [token for token in position["p"]["top"] if token.get("reward", 0.0) != 0]
     if not rewarded or not position.get("reward") or position["reward"]["std"] == 0:
         return (
             "No reward varies over the likely next tokens, so the gradient is zero everywhere; click "
             "candidate tokens to give them a reward and see the bound at work."
         )
-    total = position["output_layer"]["total"]
-    share = sum(float(row["fisher"]) for row in rewarded) / total
-    grad = sum(float(row["grad"]) for row in rewarded)
-    bound = sum(float(row["bound"]) for row in rewarded)
-    names = " and ".join(quoted(str(row["text"])) for row in rewarded[:3])
-    ratio = grad / bound if bound else 0.0
+    return rows_sentence(rewarded, position["output_layer"]["total"]) + overlap_sentence(summary)
+
+
+def rows_sentence(rewarded: list[dict[str, Any]], output_total: float) -> str:
+    """How much of the output-layer Fisher the rewarded rows hold, and their gradient against the bound."""
+    share = sum(token["row_fisher"] for token in rewarded) / output_total
+    gradient = sum(token["row_policy_grad"] for token in rewarded)
+    bound = sum(token["row_bound"] for token in rewarded)
+    ratio = gradient / bound if bound else 0.0
     verdict = (
         "the reward barely tells the rewarded tokens apart"
         if ratio < 0.25
         else "the reward separates the rewarded tokens from the rest"
     )
+    names = " and ".join(token_label(str(token["text"])) for token in rewarded[:3])
     one = len(rewarded) == 1
-    sentence = (
+    return (
         f"The rewarded row{'' if one else 's'} {names} hold{'s' if one else ''} {pct(share)} of the "
         f"output-layer Fisher; {'its' if one else 'their'} gradient is {pct(ratio)} of the bound "
         f"std(r)·√F: {verdict}."
     )
+
+
+def overlap_sentence(summary: Summary) -> str:
+    """The top-1% overlap of Fisher and |gradient| against random, where the engine measured it."""
     overlap = summary.get("overlap")
-    if overlap and 0.01 in overlap["q"]:
-        k = overlap["q"].index(0.01)
-        sentence += (
-            f" The top 1% of coordinates by Fisher hold {pct(overlap['fisher_vs_policy_grad'][k])} of "
-            f"the top 1% by |gradient|, against {pct(overlap['baseline'][k])} at random."
-        )
-    return sentence
+    if not overlap or 0.01 not in overlap["q"]:
+        return ""
+    k = overlap["q"].index(0.01)
+    return (
+        f" The top 1% of coordinates by Fisher hold {pct(overlap['fisher_vs_policy_grad'][k])} of "
+        f"the top 1% by |gradient|, against {pct(overlap['baseline'][k])} at random."
+    )

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from frontend import figures
-from frontend.slides.common import Summary, num
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from backend.vocabulary import MODULE_KINDS
+from frontend.plots import LAYOUT, LOG_TICKS, STAT_LABEL, Summary, kind_color, layer_label, stat_for_centering
+from frontend.slides.common import num
 
 TITLE = "3. One position: the Fisher is a spread of sensitivities"
 CLAIM = (
@@ -17,18 +21,68 @@ FORMULA = (
 )
 
 
-def figure(summary: Summary, centering: str):
-    return figures.per_tensor_stat(summary, centering)
+def figure(summary: Summary, centering: str) -> go.Figure:
+    """The chosen statistic for every tensor, by layer, one trace per module kind; rho per kind.
+
+    Each point carries its tensor's name (customdata): clicking it opens that matrix in the explorer.
+    """
+    stat = stat_for_centering(centering)
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.72, 0.28],
+        subplot_titles=(f"{STAT_LABEL[stat]} per tensor", "ρ: share centering removes"),
+    )
+    for kind in MODULE_KINDS:
+        tensors = [t for t in summary["tensors"] if t["kind"] == kind]
+        if tensors:
+            fig.add_trace(tensor_points(tensors, kind, stat), 1, 1)
+    kinds = summary["kinds"]
+    rho = go.Bar(
+        x=[k["kind"] for k in kinds],
+        y=[k["totals"]["rho_mean"] for k in kinds],
+        marker_color=[kind_color(k["kind"]) for k in kinds],
+        showlegend=False,
+        name="rho",
+    )
+    fig.add_trace(rho, 1, 2)
+    set_axes(fig, [layer_label(row["layer"]) for row in summary["layers"]], stat)
+    return fig
+
+
+def set_axes(fig: go.Figure, layer_labels: list[str], stat: str) -> None:
+    """Layers in the model's order (not the order kinds first appear), the statistic on a log axis."""
+    fig.update_xaxes(categoryorder="array", categoryarray=layer_labels, row=1, col=1)
+    fig.update_yaxes(type="log", title_text=f"{stat} of the tensor (log)", **LOG_TICKS, row=1, col=1)
+    fig.update_yaxes(range=[0, 1], title_text="mean ρ over the kind", row=1, col=2)
+    fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.2})
+
+
+def tensor_points(tensors: list[dict], kind: str, stat: str) -> go.Scatter:
+    """One module kind's tensors as points at their layer, named in the hover and in customdata."""
+    return go.Scatter(
+        x=[layer_label(t["layer"]) for t in tensors],
+        y=[t["totals"][stat] for t in tensors],
+        customdata=[t["name"] for t in tensors],
+        mode="markers",
+        name=kind,
+        marker={"color": kind_color(kind), "size": 7},
+        hovertemplate="%{customdata}<br>%{y:.4g}<extra></extra>",
+    )
 
 
 def reading(summary: Summary, centering: str) -> str:
     totals = summary["totals"]
-    stat = figures.stat_for_centering(centering)
-    kinds = summary["kinds"]
-    most_common = max(kinds, key=lambda k: k["totals"]["rho_mean"])
+    stat = stat_for_centering(centering)
+    most_removed = max(summary["kinds"], key=lambda k: k["totals"]["rho_mean"])
+    raw_vs_fisher = (
+        f"{num(totals['raw'] / totals['fisher'])}× the Fisher"
+        if totals["fisher"] > 0
+        else "the Fisher under μ is 0 here: μ is one-hot"
+    )
     return (
-        f"Shown: {figures.STAT_LABEL[stat]}. Over the whole model the centered Fisher is "
+        f"Shown: {STAT_LABEL[stat]}. Over the whole model the centered Fisher is "
         f"{num(totals['fisher'])}, the uncentered second moment {num(totals['uncentered'])} and the raw "
-        f"{num(totals['raw'])} ({num(totals['raw'] / totals['fisher'])}× the Fisher); centering removes "
-        f"the most in the {most_common['kind']} matrices, mean ρ = {most_common['totals']['rho_mean']:.2f}."
+        f"{num(totals['raw'])} ({raw_vs_fisher}); centering removes "
+        f"the most in the {most_removed['kind']} matrices, mean ρ = {most_removed['totals']['rho_mean']:.2f}."
     )

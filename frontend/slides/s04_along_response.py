@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from frontend import figures
-from frontend.slides.common import Summary, num, pct, quoted
+import plotly.graph_objects as go
+
+from frontend.explorer import response_series
+from frontend.plots import LAYOUT, Summary, message_figure, response_labels, token_label
+from frontend.slides.common import num, pct
 
 TITLE = "4. Along the response: the Fisher adds up"
 CLAIM = "Across positions the cross terms average to zero, so the Fisher is a sum of token Fishers."
@@ -13,15 +16,35 @@ FORMULA = (
 )
 
 
-def figure(summary: Summary, centering: str):
-    return figures.response_fisher(summary, centering)
+def figure(summary: Summary, centering: str) -> go.Figure:
+    """The toggle's statistic at each response position and its running sum."""
+    response = summary.get("response")
+    if not response:
+        return message_figure("Add a continuation to see the Fisher add up along the response.")
+    label, per_position, running = response_series(summary, centering)
+    if max(running, default=0.0) <= 0:
+        return message_figure(
+            "μ is one-hot on y_t (data sampler), so the centered Fisher under μ is 0 at every position;<br>"
+            "pick the uncentered view to see the mean shift², or the model sampler to see the Fisher add up."
+        )
+    labels = response_labels(summary)
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=labels, y=per_position, name=f"{label} at the position"))
+    fig.add_trace(go.Scatter(x=labels, y=running, name="running sum", mode="lines+markers"))
+    fig.update_layout(
+        **LAYOUT,
+        yaxis_title=f"{label}, summed over all parameters",
+        xaxis_title="response position t: token y_t predicted",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
 
 
 def reading(summary: Summary, centering: str) -> str:
     response = summary.get("response")
     if not response:
         return "This analysis has no continuation: type one (e.g. ' coffee and') and run to see the sum."
-    label, per_position, running = figures.response_series(summary, centering)
+    label, per_position, running = response_series(summary, centering)
     total = running[-1]
     if total <= 0:
         return (
@@ -33,6 +56,6 @@ def reading(summary: Summary, centering: str) -> str:
     token = summary["tokens"]["continuation"][peak]["text"]
     return (
         f"Shown: {label}. Over {response['T']} response tokens it sums to {num(total)}; the position "
-        f"predicting {quoted(token)} contributes the most, {num(per_position[peak])} "
+        f"predicting {token_label(token)} contributes the most, {num(per_position[peak])} "
         f"({pct(per_position[peak] / total)} of the sum)."
     )

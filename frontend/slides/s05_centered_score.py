@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from frontend import figures
-from frontend.slides.common import Summary, num, pct
+import plotly.graph_objects as go
+
+from frontend.plots import LAYOUT, Summary, layer_label
+from frontend.slides.common import num, pct, sampler_settings
 
 TITLE = "5. What this needs: a centered score"
 CLAIM = (
@@ -16,30 +18,46 @@ FORMULA = (
 )
 
 
-def figure(summary: Summary, centering: str):
-    return figures.mean_shift_per_layer(summary)
+def figure(summary: Summary, centering: str) -> go.Figure:
+    """Centered Fisher and the mean shift squared stacked per layer (their sum is the uncentered one)."""
+    layers = summary["layers"]
+    labels = [layer_label(row["layer"]) for row in layers]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=labels, y=[row["totals"]["fisher"] for row in layers], name="centered Fisher"))
+    shift = go.Bar(
+        x=labels,
+        y=[row["totals"]["mean_shift_sq"] for row in layers],
+        name="mean shift² (uncentered − centered)",
+        marker_color="#d62728",
+    )
+    fig.add_trace(shift)
+    fig.update_layout(
+        **LAYOUT, barmode="stack", yaxis_title="per layer", legend={"orientation": "h", "y": -0.2}
+    )
+    return fig
 
 
 def sampler_text(summary: Summary) -> str:
+    """`kind model, temperature 0.7, top-k 40, engine bf16`: what drew the samples."""
     sampler = summary["sampler"]
-    parts = [f"kind {sampler['kind']}", f"temperature {sampler['temperature']:g}"]
-    if sampler.get("top_k"):
-        parts.append(f"top-k {sampler['top_k']}")
-    if sampler.get("top_p", 1.0) < 1.0:
-        parts.append(f"top-p {sampler['top_p']:g}")
-    parts.append(f"engine {sampler['engine']}")
-    return ", ".join(parts)
+    return ", ".join([f"kind {sampler['kind']}", *sampler_settings(summary), f"engine {sampler['engine']}"])
 
 
 def reading(summary: Summary, centering: str) -> str:
     totals = summary["totals"]
-    if totals["mean_shift_sq"] <= 1e-12 * max(totals["fisher"], 1e-30):
+    shift, fisher = totals["mean_shift_sq"], totals["fisher"]
+    if shift <= 1e-12 * max(fisher, 1e-30):
         return (
             f"With the sampler ({sampler_text(summary)}) μ = p, so the mean shift is zero and the plain "
             "softmax score is already centered; lower the temperature or pick the bf16 engine to see it."
         )
+    if fisher <= 0:
+        return (
+            f"With the sampler ({sampler_text(summary)}) μ is one-hot, so the centered Fisher is 0: the "
+            f"uncentered second moment, {num(totals['uncentered'])}, is mean shift² alone."
+        )
     return (
-        f"With the sampler ({sampler_text(summary)}) the mean shift² adds {num(totals['mean_shift_sq'])} "
-        f"to the centered Fisher {num(totals['fisher'])}: without centering the second moment is "
-        f"{pct(totals['mean_shift_sq'] / totals['fisher'])} larger."
+        f"With the sampler ({sampler_text(summary)}) the mean shift² adds {num(shift)} "
+        f"to the centered Fisher {num(fisher)}: without centering the second moment is "
+        f"{pct(shift / fisher)} larger."
     )

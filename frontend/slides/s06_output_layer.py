@@ -1,9 +1,19 @@
-"""Slide 6, Part 2 section 1: in the output layer a row learns only if the sampler hesitates."""
+"""Slide 6, Part 2 section 1: in the output layer a row learns only if the sampler hesitates.
+
+The rows, their shares and the concentration bound are the engine's (`output_layer`). The bound is
+null where the essay does not state it: a non-linear logit map (softcapped logits, `logit_map` true),
+or a one-hot μ (1 − Σμ² = 0).
+"""
 
 from __future__ import annotations
 
-from frontend import figures
-from frontend.slides.common import Summary, first_position, pct, quoted
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from frontend.plots import LAYOUT, Summary, token_label, unique_token_labels
+from frontend.slides.common import first_position, pct
 
 TITLE = "6. Output layer: a row learns only if the sampler hesitates"
 CLAIM = (
@@ -14,30 +24,58 @@ FORMULA = (
     r"$$f_{(c,k)}=h_k^2\,\mu(c)\big(1-\mu(c)\big),\qquad "
     r"\sum_{c,k}f_{(c,k)}=\|h\|^2\Big(1-\sum_c\mu(c)^2\Big)$$"
 )
+ROWS_NAMED = 20  # the rows the engine lists, and the concentration bound's entry for them
 
 
-def figure(summary: Summary, centering: str):
-    return figures.output_rows(summary)
+def figure(summary: Summary, centering: str) -> go.Figure:
+    """Per-row share of the output-layer Fisher, ||h||^2 mu (1 - mu), against mu itself."""
+    rows = first_position(summary)["output_layer"]["rows"]
+    labels = unique_token_labels(rows)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=labels, y=[row["share"] for row in rows], name="share of output-layer Fisher"))
+    mu = go.Scatter(
+        x=labels,
+        y=[row["mu"] for row in rows],
+        name="μ (sampler probability)",
+        mode="markers+lines",
+        line={"color": "#ff7f0e"},
+    )
+    fig.add_trace(mu, secondary_y=True)
+    top_share = max([row["share"] for row in rows] or [1.0])
+    top_mu = max([row["mu"] for row in rows] or [1.0])
+    fig.update_yaxes(title_text="share of Σ f_row", range=[0, 1.08 * top_share], secondary_y=False)
+    fig.update_yaxes(title_text="μ", range=[0, 1.08 * top_mu], showgrid=False, secondary_y=True)
+    fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.3})
+    return fig
 
 
 def reading(summary: Summary, centering: str) -> str:
     output = first_position(summary)["output_layer"]
+    return rows_sentence(output) + outside_sentence(summary, output)
+
+
+def rows_sentence(output: dict[str, Any]) -> str:
+    """How much of the output-layer Fisher the two largest rows, and the rows shown, hold."""
+    if output["total"] <= 0:
+        return "μ is one-hot on one token, so every row's Fisher ‖h‖²μ(c)(1−μ(c)) is 0: no output row learns."
     rows = sorted(output["rows"], key=lambda row: -row["share"])
-    top_two = rows[:2]
-    names = " and ".join(quoted(row["text"]) for row in top_two)
-    outside = next((b for b in output["concentration_bound"] if b["top_tokens"] == 20), None)
-    sentence = (
-        f"The rows of {names} hold {pct(sum(row['share'] for row in top_two))} of the output-layer "
-        f"Fisher (total ‖h‖²(1−Σμ²) = {output['total']:.3g}); the 20 rows shown hold "
+    names = " and ".join(token_label(row["text"]) for row in rows[:2])
+    return (
+        f"The rows of {names} hold {pct(sum(row['share'] for row in rows[:2]))} of the output-layer "
+        f"Fisher (total ‖h‖²(1−Σμ²) = {output['total']:.3g}); the {len(rows)} rows shown hold "
         f"{pct(sum(row['share'] for row in rows))}."
     )
-    if outside:
-        sentence += (
-            f" The other {figures_vocab(summary) - 20:,} rows share {pct(outside['share_outside'])}, "
-            f"under the bound {pct(outside['bound'])}."
-        )
-    return sentence
 
 
-def figures_vocab(summary: Summary) -> int:
-    return int(summary["model"]["vocab_size"])
+def outside_sentence(summary: Summary, output: dict[str, Any]) -> str:
+    """The share of the rows beyond the 20 shown, against the essay's bound where the engine states it."""
+    outside = next((b for b in output["concentration_bound"] if b["top_tokens"] == ROWS_NAMED), None)
+    if not outside:
+        return ""
+    others = f" The other {int(summary['model']['vocab_size']) - ROWS_NAMED:,} rows share "
+    share = pct(outside["share_outside"])
+    if outside["bound"] is not None:
+        return f"{others}{share}, under the bound {pct(outside['bound'])}."
+    if output.get("logit_map"):
+        return f"{others}{share}; the bound is not stated for a non-linear logit map (softcapped logits)."
+    return f"{others}{share}; the bound is not stated for a one-hot μ (1 − Σμ² = 0)."

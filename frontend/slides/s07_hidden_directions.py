@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from frontend import figures
-from frontend.slides.common import Summary, first_position, num
+import plotly.graph_objects as go
+
+from frontend.explorer import spectrum
+from frontend.plots import Summary
+from frontend.slides.common import first_position, num
 
 TITLE = "7. Hidden layers: few directions, not few coordinates"
 CLAIM = "In hidden layers the Fisher sees only the few directions that tell the likely candidates apart."
@@ -13,8 +16,9 @@ FORMULA = (
 )
 
 
-def figure(summary: Summary, centering: str):
-    return figures.spectrum(summary)
+def figure(summary: Summary, centering: str) -> go.Figure:
+    """The C_mu spectrum at the prefix's next-token position (the explorer shows any position)."""
+    return spectrum(summary, 0)
 
 
 def reading(summary: Summary, centering: str) -> str:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from frontend import figures
-from frontend.slides.common import Summary, num
+from typing import Any
+
+import plotly.graph_objects as go
+
+from frontend.plots import LAYOUT, LOG_TICKS, Summary, message_figure, positive_or_none, response_labels
+from frontend.slides.common import num
 
 TITLE = "8. Without centering: the mean shift"
 CLAIM = (
@@ -16,9 +20,48 @@ FORMULA = (
     r"\big[\log\pi_\theta(y\mid x)\big]=\mathbb{E}_{\text{data}}\Big[\sum_t m_i(s_t)\Big]$$"
 )
 
+# A note in the plot's top-left corner, where no curve starts.
+CORNER_NOTE = {"showarrow": False, "xref": "paper", "yref": "paper", "x": 0.02, "y": 0.98, "xanchor": "left"}
 
-def figure(summary: Summary, centering: str):
-    return figures.shift_growth(summary)
+
+def figure(summary: Summary, centering: str) -> go.Figure:
+    """Squared accumulated mean shift against the sum of per-position terms along the response."""
+    response = summary.get("response")
+    if not response:
+        return message_figure("Add a continuation to see the mean shift accumulate.")
+    growth = response["shift_growth"]
+    labels = response_labels(summary)
+    fig = go.Figure()
+    fig.add_trace(
+        curve(labels, growth["accumulated_shift_sq"], "‖Σ_t m(s_t)‖²: accumulated shift", "#d62728")
+    )
+    if "sum_shift_sq" in growth:
+        fig.add_trace(
+            curve(labels, growth["sum_shift_sq"], "Σ_t ‖m(s_t)‖²: the shifts one by one", "#ff7f0e", "dot")
+        )
+    if max(growth["sum_variances"], default=0.0) > 0:
+        fig.add_trace(curve(labels, growth["sum_variances"], "Σ_t Fisher under μ (centered)", "#1f77b4"))
+    else:
+        fig.add_annotation(
+            text="Σ_t Fisher under μ is 0 (μ one-hot): not drawn on the log axis", **CORNER_NOTE
+        )
+    fig.update_layout(
+        **LAYOUT,
+        yaxis_type="log",
+        yaxis_tickformat=LOG_TICKS["tickformat"],
+        yaxis_title="summed over all parameters (log)",
+        xaxis_title="response position t: token y_t",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def curve(
+    labels: list[str], values: list[float], name: str, color: str, dash: str | None = None
+) -> go.Scatter:
+    """One running quantity along the response on the log axis (zeros left as gaps)."""
+    line: dict[str, Any] = {"color": color} if dash is None else {"color": color, "dash": dash}
+    return go.Scatter(x=labels, y=positive_or_none(values), name=name, mode="lines+markers", line=line)
 
 
 def reading(summary: Summary, centering: str) -> str:
@@ -36,23 +79,30 @@ def reading(summary: Summary, centering: str) -> str:
     else:
         sentence = (
             f"After {T} tokens the squared accumulated shift is {num(shift)}, all of it outside the "
-            "Fisher under μ, which is 0 for a one-hot μ"
+            "Fisher under μ, which is 0 for a one-hot μ" + one_by_one_clause(growth, shift)
         )
-        one_by_one = (growth.get("sum_shift_sq") or [0.0])[-1]
-        if one_by_one > 0:
-            how = "in step" if shift >= one_by_one else "partly cancelling"
-            sentence += (
-                f"; the shifts taken one by one sum to {num(one_by_one)}, so they add up {how} "
-                f"({num(shift / one_by_one)}×)."
-            )
-        else:
-            sentence += "."
-    identity = response.get("sft_identity")
-    if identity and identity.get("max_abs_error") is not None:
-        relative = identity.get("relative_error")
-        scale = f", {relative:.1e} of the largest entry" if relative is not None else ""
-        sentence += (
-            " With the data sampler the accumulated shift is the SFT gradient: the engine checked it to "
-            f"a max error of {identity['max_abs_error']:.1e}{scale}."
-        )
-    return sentence
+    return sentence + sft_identity_sentence(response.get("sft_identity"))
+
+
+def one_by_one_clause(growth: dict[str, Any], shift: float) -> str:
+    """Whether the per-position shifts add up in step or partly cancel, ending the sentence."""
+    one_by_one = (growth.get("sum_shift_sq") or [0.0])[-1]
+    if one_by_one <= 0:
+        return "."
+    how = "in step" if shift >= one_by_one else "partly cancelling"
+    return (
+        f"; the shifts taken one by one sum to {num(one_by_one)}, so they add up {how} "
+        f"({num(shift / one_by_one)}×)."
+    )
+
+
+def sft_identity_sentence(identity: dict[str, Any] | None) -> str:
+    """The engine's check that the accumulated shift is the SFT gradient (data sampler only)."""
+    if not identity or identity.get("max_abs_error") is None:
+        return ""
+    relative = identity.get("relative_error")
+    scale = f", {relative:.1e} of the largest entry" if relative is not None else ""
+    return (
+        " With the data sampler the accumulated shift is the SFT gradient: the engine checked it to "
+        f"a max error of {identity['max_abs_error']:.1e}{scale}."
+    )

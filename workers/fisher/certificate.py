@@ -80,14 +80,14 @@ def _relative_errors(
     }
 
 
-def certify(model: nn.Module, tokens: int = CERTIFICATE_TOKENS) -> Certificate:
+def certify(model: nn.Module, memory_budget_bytes: int, tokens: int = CERTIFICATE_TOKENS) -> Certificate:
     """Check the engine against plain autograd on ``model`` as it is (eval mode, its own dtype)."""
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
     tolerance = TOLERANCES.get(dtype, 5e-2)
     certificate = Certificate(passed=False, dtype=str(dtype).removeprefix("torch."), tolerance=tolerance)
     try:
-        _check(model, tokens, certificate)
+        _check(model, tokens, memory_budget_bytes, certificate)
     except UnsupportedArchitecture as error:
         certificate.reason = str(error)
     except RuntimeError as error:  # autograd cannot differentiate something in the forward
@@ -96,7 +96,7 @@ def certify(model: nn.Module, tokens: int = CERTIFICATE_TOKENS) -> Certificate:
     return certificate
 
 
-def _check(model: nn.Module, tokens: int, certificate: Certificate) -> None:
+def _check(model: nn.Module, tokens: int, memory_budget_bytes: int, certificate: Certificate) -> None:
     layout = HeadLayout.of(model)
     device = next(model.parameters()).device
     vocab = int(head_rows(model).shape[0])
@@ -126,6 +126,7 @@ def _check(model: nn.Module, tokens: int, certificate: Certificate) -> None:
         [SquareGroup("square", v[None], torch.ones(1, dtype=torch.float64))],
         [LinearGroup("first", v)],
         [],
+        memory_budget_bytes=memory_budget_bytes,
     )
     head = HeadTerms(layout, capture.hidden[position].detach(), jacobian.head_scale())
     engine_first = head.assemble(results.linears.get("first"), u)

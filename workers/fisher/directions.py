@@ -285,7 +285,8 @@ def backprop_directions(
     squares: list[SquareGroup],
     linears: list[LinearGroup],
     probes: list[EmbeddingRowProbe],
-    memory_budget_bytes: int = 1 << 30,
+    *,
+    memory_budget_bytes: int,
     progress: Progress | None = None,
 ) -> DirectionResults:
     """Run every direction from h[position] back to the recorded outputs and fold them per block."""

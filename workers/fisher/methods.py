@@ -9,34 +9,33 @@ token for the cross term 2 g'(l_c) h_k * [d(probe_c^T h)/dE_{c,k}], probe_c = q_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
+from backend.vocabulary import MethodName, parse_method
 from workers.fisher.covariance import OutputCovariance
 from workers.fisher.logit_map import LogitJacobian
 
 
-class MethodName(StrEnum):
-    EXACT = "exact"
-    TRUNCATED = "truncated"
-    MC = "mc"
-
-
 @dataclass(frozen=True)
 class Method:
-    """How second moments are formed. The text form (``exact`` | ``truncated:F`` | ``mc:S``) is parsed
-    once, by the wire schemas (``backend.schemas.parse_method``), which also reject bad values."""
+    """How second moments are formed; ``Method.parse`` reads the text form (``exact`` | ``truncated:F``
+    | ``mc:S``) with the one parser every side uses (``backend.vocabulary.parse_method``)."""
 
-    name: MethodName = MethodName.EXACT
+    name: MethodName = MethodName.exact
     fraction: float | None = None  # truncated: share of trace to keep
     samples: int | None = None  # mc: tokens drawn
     seed: int = 0
 
+    @classmethod
+    def parse(cls, text: str, seed: int = 0) -> Method:
+        name, fraction, samples = parse_method(text)
+        return cls(name, fraction=fraction, samples=samples, seed=seed)
+
     def __str__(self) -> str:
-        if self.name == MethodName.TRUNCATED:
+        if self.name == MethodName.truncated:
             return f"truncated:{self.fraction:g}"
-        if self.name == MethodName.MC:
+        if self.name == MethodName.mc:
             return f"mc:{self.samples}"
         return "exact"
 
@@ -59,12 +58,12 @@ def second_moment_plan(
     method: Method,
 ) -> SecondMomentPlan:
     """q: [V] float64; prefix_tokens: table rows of the context with input-side gradient (tied only)."""
-    if method.name == MethodName.MC:
+    if method.name == MethodName.mc:
         return _monte_carlo_plan(q, covariance, jacobian, prefix_tokens, method)
     rank = covariance.numerical_rank()
     lam = covariance.eigenvalues[:rank]
     keep = rank
-    if method.name == MethodName.TRUNCATED and rank:
+    if method.name == MethodName.truncated and rank:
         assert method.fraction is not None
         share = torch.cumsum(lam, 0) / lam.sum()
         target = torch.tensor(method.fraction, dtype=share.dtype, device=share.device)

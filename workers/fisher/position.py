@@ -56,6 +56,7 @@ class PositionMoments:
     kbar_p: Params
     policy_grad: Params | None
     hidden: torch.Tensor  # [d] h(s)
+    head_scale: torch.Tensor  # [V] float64 g'(l): the logit map's derivative (ones for a linear head)
     cov_mu: OutputCovariance
     cov_p: OutputCovariance
     plan_mu: SecondMomentPlan
@@ -122,7 +123,8 @@ def position_moments(
     inputs: PositionInputs,
     method: Method,
     capture: CapturedForward | None = None,
-    memory_budget_bytes: int = 1 << 30,
+    *,
+    memory_budget_bytes: int,
     progress: Callable[[float], None] | None = None,
 ) -> PositionMoments:
     layout = HeadLayout.of(model)
@@ -185,6 +187,7 @@ def position_moments(
         kbar_p=kbar_p,
         policy_grad=policy_grad,
         hidden=h,
+        head_scale=jacobian.head_scale(),
         cov_mu=cov_mu,
         cov_p=cov_p,
         plan_mu=plans["fisher"],

@@ -31,6 +31,7 @@ class PositionRecord:
     p: torch.Tensor  # [V] float64
     mu: torch.Tensor  # [V] float64
     h: torch.Tensor  # [d]
+    head_scale: torch.Tensor  # [V] float64 g'(l)
     moments_totals: dict[str, float]
     cov_eigenvalues: torch.Tensor
     uncentered_eigenvalues: torch.Tensor
@@ -88,7 +89,8 @@ def analyze_sequence(
     method: Method,
     reward: torch.Tensor | None = None,
     engine_model: nn.Module | None = None,
-    memory_budget_bytes: int = 1 << 30,
+    *,
+    memory_budget_bytes: int,
     progress: Progress | None = None,
 ) -> SequenceAnalysis:
     """Analyse the prefix's next token, or every response position when a continuation is given."""
@@ -116,7 +118,9 @@ def analyze_sequence(
         def chunk_progress(fraction: float, t: int = t) -> None:
             report("directions", (t + fraction) / n_positions)
 
-        moments = position_moments(model, inputs, method, capture, memory_budget_bytes, chunk_progress)
+        moments = position_moments(
+            model, inputs, method, capture, memory_budget_bytes=memory_budget_bytes, progress=chunk_progress
+        )
         del capture
         result.positions.append(_record(inputs, moments, target))
         sums.add(moments)
@@ -138,6 +142,7 @@ def _record(inputs: PositionInputs, m: PositionMoments, target: int | None) -> P
         p=inputs.p,
         mu=inputs.mu,
         h=m.hidden.to(torch.float64),
+        head_scale=m.head_scale,
         moments_totals=_position_totals(m, inputs.on_policy),
         cov_eigenvalues=cov.eigenvalues,
         uncentered_eigenvalues=cov.uncentered_eigenvalues(),

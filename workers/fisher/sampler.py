@@ -7,29 +7,19 @@ HF's order is temperature -> top-k -> top-p, then renormalize. The engine works 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
-
-class SamplerKind(StrEnum):
-    MODEL = "model"
-    DATA = "data"
-    UNIFORM = "uniform"
-
-
-class Engine(StrEnum):
-    MODEL = "model"
-    BF16 = "bf16"
+from backend.vocabulary import EngineKind, SamplerKind, is_on_policy
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    kind: SamplerKind = SamplerKind.MODEL
+    kind: SamplerKind = SamplerKind.model
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 1.0
-    engine: Engine = Engine.MODEL
+    engine: EngineKind = EngineKind.model
     data_token_id: int | None = None
 
     def __post_init__(self) -> None:
@@ -42,14 +32,7 @@ class SamplerConfig:
 
     @property
     def is_on_policy(self) -> bool:
-        """mu == p exactly: temperature 1, no truncation, float32 model logits."""
-        return (
-            self.kind == SamplerKind.MODEL
-            and self.temperature == 1.0
-            and self.top_k is None
-            and self.top_p == 1.0
-            and self.engine == Engine.MODEL
-        )
+        return is_on_policy(self.kind, self.temperature, self.top_k, self.top_p, self.engine)
 
 
 def model_distribution(logits: torch.Tensor) -> torch.Tensor:
@@ -104,14 +87,14 @@ def sampler_distribution(
     sampler when no fixed data token is given.
     """
     vocab = logits.numel()
-    if config.kind == SamplerKind.UNIFORM:
+    if config.kind == SamplerKind.uniform:
         return uniform_distribution(vocab, logits.device)
-    if config.kind == SamplerKind.DATA:
+    if config.kind == SamplerKind.data:
         token = config.data_token_id if config.data_token_id is not None else target_id
         if token is None:
             raise ValueError("the data sampler needs a data token or a continuation to be one-hot on")
         return one_hot_distribution(token, vocab, logits.device)
-    if config.engine == Engine.BF16:
+    if config.engine == EngineKind.bf16:
         if engine_logits is None:
             raise ValueError("the bf16 engine needs the bf16 logits")
         logits = engine_logits

@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backend.vocabulary import STATS
 from workers.fisher.position import PositionMoments
-
-STATS = ("fisher", "uncentered", "raw", "mean_shift", "common", "rho", "policy_grad", "bound")
-SIGNED_STATS = ("mean_shift", "common", "policy_grad")
 
 Params = dict[str, torch.Tensor]
 

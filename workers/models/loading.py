@@ -37,6 +37,7 @@ from backend.registry import (
     read_certificate,
     write_certificate,
 )
+from backend.settings import get_settings
 from workers.fisher.certificate import Certificate, certify
 from workers.models.folder import sha256_digest, weight_files
 
@@ -143,7 +144,10 @@ def ensure_certificate(loaded: LoadedModel) -> Certificate:
     """The model's certificate (cached per digest, dtype and engine version); refuse a failing model."""
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     stored = read_certificate(loaded.info.digest, dtype)
-    certificate = Certificate.from_dict(stored) if stored is not None else certify(loaded.model)
+    if stored is not None:
+        certificate = Certificate.from_dict(stored)
+    else:
+        certificate = certify(loaded.model, get_settings().engine_memory_bytes)
     if stored is None:
         write_certificate(loaded.info.digest, dtype, certificate.to_dict())
     if not certificate.passed:

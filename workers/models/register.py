@@ -16,7 +16,6 @@ from pathlib import Path
 from backend.registry import (
     BUILTIN,
     COMPUTE_DTYPES,
-    MODEL_ID,
     TOKENIZER_NAME,
     ModelInfo,
     UnknownModel,
@@ -25,6 +24,7 @@ from backend.registry import (
     model_info,
     registered_ids,
 )
+from backend.vocabulary import MODEL_ID
 from workers.models.folder import describe_folder, staged, write_manifest
 from workers.models.loading import (
     LoadedModel,

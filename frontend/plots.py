@@ -1,0 +1,154 @@
+"""What every figure shares: the layout, labels, colours and axis helpers, defined once.
+
+Figures are pure functions of the summary JSON (docs/contract.md, "Summary JSON"): the engine reports
+every number a figure shows, and the frontend only draws. The centering toggle therefore only changes
+which stored statistic is read (fisher, uncentered or raw), never triggers a recomputation, and every
+figure can be tested without a browser. The slides (`frontend.slides`) and the explorer
+(`frontend.explorer`) build their figures from the helpers here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+
+from frontend.state import CENTERING_STAT
+
+Summary = dict[str, Any]
+
+STAT_LABEL = {
+    "fisher": "centered Fisher",
+    "uncentered": "uncentered second moment",
+    "raw": "raw second moment",
+}
+# One colour per module kind, keyed (and ordered) as backend.vocabulary.MODULE_KINDS.
+KIND_COLOR = {
+    "embedding": "#8c564b",
+    "position": "#c49c94",
+    "qkv": "#17becf",
+    "q": "#1f77b4",
+    "k": "#aec7e8",
+    "v": "#ff7f0e",
+    "o": "#ffbb78",
+    "router": "#bcbd22",
+    "gate_up": "#7f7f7f",
+    "gate": "#2ca02c",
+    "up": "#98df8a",
+    "down": "#d62728",
+    "norm": "#9467bd",
+    "head": "#e377c2",
+    "other": "#c7c7c7",
+}
+LOG_TICKS = {"tickformat": ".1~e"}  # 5e+3, 1e+4: no SI prefixes (µ, k) nor bare minor digits on log axes
+LAYOUT: dict[str, Any] = {
+    "template": "plotly_white",
+    "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+    "height": 420,
+}
+
+
+def stat_for_centering(centering: str) -> str:
+    """The per-parameter statistic a centering setting shows: on -> fisher, off -> uncentered, raw -> raw."""
+    if centering not in CENTERING_STAT:
+        raise ValueError(f"centering must be one of {sorted(CENTERING_STAT)}, got {centering!r}")
+    return CENTERING_STAT[centering]
+
+
+def kind_color(kind: str) -> str:
+    """The colour of a module kind; grey for a kind the vocabulary does not name."""
+    return KIND_COLOR.get(kind, "grey")
+
+
+def token_label(text: str) -> str:
+    """A token's text in quotes, so a leading space (' tea' vs 'tea') and newlines stay visible."""
+    return "'" + text.replace("\n", "\\n").replace("\t", "\\t") + "'"
+
+
+def unique_token_labels(tokens: list[dict[str, Any]]) -> list[str]:
+    """Category labels for tokens, one per token: quoted text, plus `#id` where texts collide.
+
+    Plotly merges bars that share a category, so several tokens that decode to the same text (byte
+    pieces shown as U+FFFD, or ' tea' at two positions) would otherwise stack into one bar.
+    """
+    labels = [token_label(str(token["text"])) for token in tokens]
+    counts = {label: labels.count(label) for label in labels}
+    unique = []
+    for label, token in zip(labels, tokens, strict=True):
+        needs_id = counts[label] > 1 or "\ufffd" in label
+        unique.append(f"{label} #{token['id']}" if needs_id and "id" in token else label)
+    seen: dict[str, int] = {}
+    for i, label in enumerate(unique):  # same text and same id (or no id): number them
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            unique[i] = f"{label} ({seen[label]})"
+    return unique
+
+
+def response_labels(summary: Summary) -> list[str]:
+    """One axis label per response position: `t: 'token'`, unique even where token texts repeat."""
+    continuation = summary["tokens"].get("continuation") or []
+    return [f"{t + 1}: {label}" for t, label in enumerate(unique_token_labels(continuation))]
+
+
+def layer_label(layer: Any) -> str:
+    """`L3` for a numbered layer; a named group (embedding, head) as it is."""
+    return f"L{layer}" if isinstance(layer, int) else str(layer)
+
+
+def small_title(text: str) -> dict[str, Any]:
+    """A figure title in the explorer's small font, so a long title fits above its plot."""
+    return {"text": text, "font": {"size": 13}}
+
+
+def message_figure(message: str) -> go.Figure:
+    """An empty figure that says why there is nothing to plot (e.g. no continuation was given)."""
+    fig = go.Figure()
+    fig.add_annotation(
+        text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 15}
+    )
+    fig.update_layout(**{**LAYOUT, "height": 300}, xaxis_visible=False, yaxis_visible=False)
+    return fig
+
+
+def all_zero_figure(stat: str) -> go.Figure:
+    """What to show when a statistic is 0 for every parameter (the centered Fisher under a one-hot μ)."""
+    return message_figure(
+        f"The {STAT_LABEL[stat]} is 0 for every parameter here<br>"
+        "(μ is one-hot: the data sampler); pick 'uncentered' to see the mean shift."
+    )
+
+
+def positive_or_none(values: list[float]) -> list[float | None]:
+    """Zeros cannot sit on a log axis: leave a gap rather than a point at an invented floor."""
+    return [value if value > 0 else None for value in values]
+
+
+def decade_label(exponent: int) -> str:
+    """10^k as a reader writes it: 1 and 10 plainly, higher and negative powers with a superscript."""
+    if exponent == 0:
+        return "1"
+    if exponent == 1:
+        return "10"
+    return f"10<sup>{exponent}</sup>".replace("<sup>-", "<sup>−")
+
+
+def decade_exponents(low: int, high: int, most: int = 10) -> list[int]:
+    """Whole decades from `low` to `high` (inclusive), thinned to a step of 1, 2, 5, 10, ... so that at
+    most `most` ticks are labelled however many decades the data span."""
+    span = max(high - low, 1)
+    steps = (mantissa * 10**power for power in itertools.count() for mantissa in (1, 2, 5))
+    step = next(step for step in steps if span / step <= most)
+    first = math.ceil(low / step) * step
+    return list(range(first, high + 1, step))
+
+
+def decade_range(log10_values: list[float]) -> tuple[int, int]:
+    """Whole-decade axis bounds strictly around the values (in log10 units): every point, and every
+    bar's top, lies inside the axis instead of on its edge."""
+    low = math.floor(min(log10_values))
+    if low == min(log10_values):
+        low -= 1
+    return low, math.floor(max(log10_values)) + 1

@@ -1,0 +1,1 @@
+"""The ``fisherscope`` subcommands, one module per concern; ``workers.cli`` parses and dispatches."""

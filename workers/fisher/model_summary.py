@@ -1,0 +1,277 @@
+"""What the dashboard reads of the whole model: totals per tensor, layer and kind, concentration
+curves, top coordinates and the top-q overlap of Fisher and policy gradient.
+
+Two passes over the tensors, each stat of each tensor formed once per pass: pass 1 takes totals,
+histograms (``concentration``) and the top candidates of stats without a curve; pass 2 reads only the
+boundary bins, for the exact named shares per tensor (Fisher) and over the model, and the top
+coordinates of the curve stats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from backend.vocabulary import SIGNED_STATS
+from workers.fisher.concentration import (
+    NAMED_FRACTIONS,
+    Histogram,
+    Threshold,
+    collect_bins,
+    concentration_curve,
+    histogram,
+    merge,
+    plan_thresholds,
+    thresholds,
+)
+from workers.fisher.grouping import layer_of, module_kind
+from workers.fisher.stats import MomentSums
+
+TOP_COORDINATES = 50
+TOP_STATS = ("fisher", "uncentered", "raw", "mean_shift", "policy_grad")
+Candidate = tuple[float, str, int, float]  # (magnitude, tensor, flat index, value)
+
+
+def tensor_totals(
+    sums: MomentSums, name: str, computed: dict[str, torch.Tensor] | None = None
+) -> dict[str, float]:
+    """Sums of the non-negative stats, sums of squares of the signed ones, the mean of rho.
+
+    ``computed`` holds stats of this tensor the caller already formed, so none is formed twice.
+    """
+    computed = computed or {}
+
+    def value_of(stat: str) -> torch.Tensor:
+        return computed[stat] if stat in computed else sums.stat(stat, name)
+
+    fisher = float(value_of("fisher").sum())
+
+    def total(stat: str, squared: bool = False) -> float:
+        if sums.identically_zero(stat):
+            return 0.0
+        if sums.alias(stat) == "fisher":
+            return fisher
+        value = value_of(stat)
+        return float(value.square().sum() if squared else value.sum())
+
+    totals = {
+        "fisher": fisher,
+        "uncentered": total("uncentered"),
+        "raw": total("raw"),
+        "mean_shift_sq": total("mean_shift", squared=True),
+        "common_sq": total("common", squared=True),
+        "rho_mean": float(sums.stat("rho", name).mean()),
+    }
+    if sums.has_reward:
+        totals["policy_grad_sq"] = total("policy_grad", squared=True)
+        totals["bound"] = total("bound")
+    return totals
+
+
+@dataclass
+class _Group:
+    """Totals of a set of tensors (a layer, a kind, the model); rho is carried as a size-weighted sum."""
+
+    numel: int = 0
+    totals: dict[str, float] = field(default_factory=dict)
+
+    def add(self, totals: dict[str, float], numel: int) -> None:
+        self.numel += numel
+        for key, value in totals.items():
+            self.totals[key] = self.totals.get(key, 0.0) + (value * numel if key == "rho_mean" else value)
+
+    def finished(self) -> dict[str, float]:
+        totals = dict(self.totals)
+        if "rho_mean" in totals and self.numel:
+            totals["rho_mean"] /= self.numel
+        return totals
+
+
+def _distinct_stats(sums: MomentSums, stats: tuple[str, ...]) -> list[str]:
+    """Stats that need their own computation: no alias of another, not zero by construction."""
+    out: list[str] = []
+    for stat in stats:
+        if not sums.identically_zero(stat) and sums.alias(stat) not in out:
+            out.append(sums.alias(stat))
+    return out
+
+
+def _shares(hist: Histogram, named: list[Threshold]) -> dict[str, float]:
+    return {
+        f"{q:g}": (t.top_sum / hist.total if hist.total > 0 else 0.0)
+        for q, t in zip(NAMED_FRACTIONS, named, strict=True)
+    }
+
+
+def _curve(hist: Histogram, named: list[Threshold]) -> dict:
+    qs, curve = concentration_curve(hist)
+    return {
+        "q": qs,
+        "share": curve,
+        "at": _shares(hist, named),
+        "thresholds": {f"{q:g}": t.value for q, t in zip(NAMED_FRACTIONS, named, strict=True)},
+    }
+
+
+class _ModelPass:
+    """State shared by the two passes of ``model_summary``."""
+
+    def __init__(self, sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...]):
+        self.sums = sums
+        self.head_name, self.embedding_name = head_name, embedding_name
+        self.curve = _distinct_stats(sums, curve_stats)
+        self.top_stats = _distinct_stats(sums, TOP_STATS)
+        self.tensors: list[dict[str, Any]] = []
+        self.layers: dict[int | str, _Group] = {}
+        self.kinds: dict[str, _Group] = {}
+        self.model = _Group()
+        self.hists: dict[str, dict[str, Histogram]] = {stat: {} for stat in self.curve}
+        self.candidates: dict[str, list[Candidate]] = {stat: [] for stat in self.top_stats}
+
+    def first(self, name: str) -> None:
+        """Totals, histograms and (for stats without a curve) top candidates of one tensor."""
+        sums = self.sums
+        computed = {stat: sums.stat(stat, name) for stat in dict.fromkeys(self.curve + self.top_stats)}
+        totals = tensor_totals(sums, name, computed)
+        for stat in self.curve:
+            self.hists[stat][name] = histogram([computed[stat]])
+        for stat in self.top_stats:
+            if stat not in self.curve:  # curve stats find their top coordinates in the second pass
+                self.candidates[stat].extend(_top_candidates(name, computed[stat], stat in SIGNED_STATS))
+        numel = math.prod(sums.shapes[name])
+        kind = module_kind(name, self.head_name, self.embedding_name)
+        layer = layer_of(name, self.embedding_name)
+        shape = list(sums.shapes[name])
+        self.tensors.append(
+            {"name": name, "layer": layer, "kind": kind, "shape": shape, "numel": numel, "totals": totals}
+        )
+        for group in (
+            self.layers.setdefault(layer, _Group()),
+            self.kinds.setdefault(kind, _Group()),
+            self.model,
+        ):
+            group.add(totals, numel)
+
+    def second(self) -> dict[str, list[Threshold]]:
+        """Exact named shares (model and, for the Fisher, per tensor) and the curve stats' top candidates."""
+        model_hists = {stat: merge(self.hists[stat].values()) for stat in self.curve}
+        model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in self.curve}
+        members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in self.curve}
+        # the bin of the model's TOP_COORDINATES-th largest value: everything at or above it is a candidate
+        top_bins = {stat: _top_bin(model_hists[stat]) for stat in self.curve}
+        for entry in self.tensors:
+            name = entry["name"]
+            tensor_plan = plan_thresholds(self.hists["fisher"][name], NAMED_FRACTIONS)
+            for stat in self.curve:
+                wanted = model_plans[stat].bins | (tensor_plan.bins if stat == "fisher" else set())
+                found: dict[int, list[torch.Tensor]] = {}
+                value = self.sums.stat(stat, name)
+                index = collect_bins(value, wanted, found)
+                if stat in self.candidates:
+                    flat = value.reshape(-1)
+                    for i in torch.nonzero(index >= top_bins[stat]).flatten().tolist():
+                        self.candidates[stat].append((float(flat[i]), name, i, float(flat[i])))
+                for b in model_plans[stat].bins:
+                    members[stat].setdefault(b, []).extend(found.get(b, []))
+                if stat == "fisher":
+                    mine = {b: found.get(b, []) for b in tensor_plan.bins}
+                    shares = _shares(self.hists["fisher"][name], tensor_plan.finish(mine))
+                    entry["concentration"] = {"fisher": shares}
+        self.model_hists = model_hists
+        return {stat: model_plans[stat].finish(members[stat]) for stat in self.curve}
+
+
+def model_summary(
+    sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...]
+) -> dict:
+    """Totals per tensor / layer / kind, concentration, top coordinates, top-q overlap."""
+    work = _ModelPass(sums, head_name, embedding_name, curve_stats)
+    for name in sums.names:
+        work.first(name)
+    named = work.second()
+    concentration = {stat: _curve(work.model_hists[stat], named[stat]) for stat in work.curve}
+    for stat in curve_stats:
+        concentration.setdefault(stat, concentration[sums.alias(stat)])
+    return {
+        "totals": work.model.finished(),
+        "tensors": work.tensors,
+        "layers": [{"layer": k, "numel": g.numel, "totals": g.finished()} for k, g in work.layers.items()],
+        "kinds": [{"kind": k, "numel": g.numel, "totals": g.finished()} for k, g in work.kinds.items()],
+        "concentration": concentration,
+        "top_coordinates": _top_coordinates(sums, work.candidates),
+        "overlap": overlap(sums, named["fisher"]) if sums.has_reward else None,
+    }
+
+
+def _top_bin(hist: Histogram, k: int = TOP_COORDINATES) -> int:
+    """The histogram bin of the k-th largest value (bin 1 when fewer than k values are non-zero)."""
+    (row,) = plan_thresholds(hist, [k / max(hist.total_count, 1)]).rows
+    return row[1] if row[1] is not None else 1
+
+
+def _top_candidates(
+    name: str, value: torch.Tensor, signed: bool, k: int = TOP_COORDINATES
+) -> list[Candidate]:
+    flat = value.reshape(-1)
+    magnitude = flat.abs() if signed else flat
+    top = torch.topk(magnitude, min(k, flat.numel()))
+    return [
+        (float(m), name, int(i), float(flat[i]))
+        for m, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+    ]
+
+
+def _top_coordinates(
+    sums: MomentSums, candidates: dict[str, list[Candidate]], k: int = TOP_COORDINATES
+) -> dict[str, list[dict]]:
+    """The k largest coordinates of each stat over the whole model (by magnitude for signed stats)."""
+    out: dict[str, list[dict]] = {}
+    for stat in TOP_STATS:
+        if stat == "policy_grad" and not sums.has_reward:
+            continue
+        if sums.identically_zero(stat):
+            out[stat] = []
+            continue
+        ranked = sorted(candidates[sums.alias(stat)], key=lambda c: -c[0])[:k]
+        out[stat] = [
+            {"tensor": name, "index": list(_unravel(idx, sums.shapes[name])), "value": value}
+            for _, name, idx, value in ranked
+        ]
+    return out
+
+
+def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for size in reversed(shape):
+        out.append(index % size)
+        index //= size
+    return tuple(reversed(out))
+
+
+def _magnitude(sums: MomentSums, stat: str) -> Callable[[], Iterator[torch.Tensor]]:
+    def chunks() -> Iterator[torch.Tensor]:
+        for _, value in sums.iter_stat(stat):
+            yield value.abs() if stat in SIGNED_STATS else value
+
+    return chunks
+
+
+def overlap(sums: MomentSums, fisher_thresholds: list[Threshold]) -> dict:
+    """|top-q by fisher ∩ top-q by |policy_grad|| / |top-q|, against the random baseline q.
+
+    The Fisher's exact top-q thresholds come from the concentration pass; only the gradient's are new.
+    """
+    grad_chunks = _magnitude(sums, "policy_grad")
+    grad_thresholds = thresholds(histogram(grad_chunks()), grad_chunks, NAMED_FRACTIONS)
+    both = [0] * len(NAMED_FRACTIONS)
+    for name in sums.names:
+        f = sums.stat("fisher", name)
+        g = sums.stat("policy_grad", name).abs()
+        for i, (ft, gt) in enumerate(zip(fisher_thresholds, grad_thresholds, strict=True)):
+            both[i] += int(((f >= ft.value) & (f > 0) & (g >= gt.value) & (g > 0)).sum())
+    values = [count / ft.k for count, ft in zip(both, fisher_thresholds, strict=True)]
+    return {"q": list(NAMED_FRACTIONS), "fisher_vs_policy_grad": values, "baseline": list(NAMED_FRACTIONS)}

@@ -1,0 +1,153 @@
+"""What the dashboard reads of one position: p and mu, the C_mu spectrum, the LM head's rows.
+
+Every number a figure shows is formed here, by the engine, from the position's own tensors: the
+output-layer row quantities follow exactly from mu, p, the reward, ||h||^2 and the logit map's
+g'(l_c) (row c of the head has kappa_{(c,k),a} = 1[a=c] g'(l_c) h_k), so the frontend only draws.
+Token texts come from a ``decode`` callable so this module stays free of tokenizers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from workers.fisher.response import PositionRecord
+from workers.fisher.sampler import entropy
+
+Decode = Callable[[int], str]
+TOP_TOKENS = 20
+BOUND_TOKENS = (1, 2, 5, 10, 20)
+
+
+def token_entry(decode: Decode, token_id: int) -> dict:
+    return {"id": int(token_id), "text": decode(int(token_id))}
+
+
+def distribution_summary(q: torch.Tensor) -> dict:
+    return {"entropy": entropy(q), "support": int((q > 0).sum()), "sum_sq": float(q.square().sum())}
+
+
+class HeadRows:
+    """Per-row sums over k of the LM head's closed forms at one position (row c, H = ||h||^2).
+
+    fisher: g_c^2 H mu_c (1 - mu_c); fisher_p: the same under p (on-policy); shift_sq: g_c^2 H
+    (mu_c - p_c)^2; policy_grad: the norm of the row's gradient |mu_c (r_c - rbar)| g_c ||h||; bound:
+    std(r) sqrt(fisher), the norm of the row's Cauchy-Schwarz bound.
+    """
+
+    def __init__(self, record: PositionRecord, reward: torch.Tensor | None) -> None:
+        self.record = record
+        self.h_sq = float(record.h.square().sum())
+        scale_sq = record.head_scale.square()  # [V] g'(l)^2
+        mu, p = record.mu, record.p
+        self.fisher = self.h_sq * scale_sq * mu * (1 - mu)
+        self.fisher_p = self.h_sq * scale_sq * p * (1 - p)
+        self.shift_sq = self.h_sq * scale_sq * (mu - p).square()
+        self.reward = reward
+        self.total = float(self.fisher.sum())
+
+    def entry(self, c: int) -> dict:
+        out = {
+            "row_fisher": float(self.fisher[c]),
+            "row_fisher_p": float(self.fisher_p[c]),
+            "row_shift_sq": float(self.shift_sq[c]),
+        }
+        record = self.record
+        if self.reward is not None and record.reward_mean is not None and record.reward_std is not None:
+            centered = float(self.reward[c]) - record.reward_mean
+            gradient = (
+                abs(float(record.mu[c]) * centered) * float(record.head_scale[c]) * math.sqrt(self.h_sq)
+            )
+            out["row_policy_grad"] = gradient
+            out["row_bound"] = record.reward_std * math.sqrt(max(float(self.fisher[c]), 0.0))
+        return out
+
+    def concentration_bound(self) -> list[dict]:
+        """Part 2, section 1: the share of the output-layer Fisher outside the m likeliest rows, against
+        (mass outside) / (1 - sum mu^2). The bound is stated for a plain linear head (g' = 1)."""
+        mu = self.record.mu
+        order = torch.argsort(mu, descending=True)
+        denominator = 1 - float(mu.square().sum())
+        linear = bool((self.record.head_scale == 1).all())
+        bounds = []
+        for m in BOUND_TOKENS:
+            inside = order[:m]
+            kept = float(self.fisher[inside].sum())
+            outside_mass = float(mu.sum() - mu[inside].sum())
+            bounds.append(
+                {
+                    "top_tokens": m,
+                    "share_outside": 1 - kept / self.total if self.total > 0 else 0.0,
+                    "bound": outside_mass / denominator if denominator > 0 and linear else None,
+                }
+            )
+        return bounds
+
+
+def position_summary(record: PositionRecord, index: int, decode: Decode, reward: torch.Tensor | None) -> dict:
+    p, mu = record.p, record.mu
+    rows = HeadRows(record, reward)
+    top = torch.topk(torch.maximum(p, mu), min(TOP_TOKENS, p.numel())).indices.tolist()
+    top_rows = torch.topk(rows.fisher, min(TOP_TOKENS, p.numel())).indices.tolist()
+    target = chi2 = None
+    if record.target_id is not None:
+        py = float(p[record.target_id])
+        target = {**token_entry(decode, record.target_id), "p": py, "mu": float(mu[record.target_id])}
+        chi2 = 1 / py - 1 if py > 0 else math.inf
+    return {
+        "index": index,
+        "context_length": record.context_length,
+        "target": target,
+        "p": {
+            "top": [
+                {
+                    **token_entry(decode, a),
+                    "p": float(p[a]),
+                    "mu": float(mu[a]),
+                    "reward": float(reward[a]) if reward is not None else 0.0,
+                    **rows.entry(a),
+                }
+                for a in top
+            ],
+            **distribution_summary(p),
+        },
+        "mu": distribution_summary(mu),
+        "spectrum": _spectrum(record),
+        "output_layer": {
+            "h_norm_sq": rows.h_sq,
+            "total": rows.total,
+            "logit_map": not bool((record.head_scale == 1).all()),
+            "rows": [
+                {
+                    **token_entry(decode, c),
+                    "mu": float(mu[c]),
+                    "fisher": float(rows.fisher[c]),
+                    "share": float(rows.fisher[c]) / rows.total if rows.total > 0 else 0.0,
+                }
+                for c in top_rows
+            ],
+            "concentration_bound": rows.concentration_bound(),
+        },
+        "totals": record.moments_totals,
+        "reward": None
+        if record.reward_mean is None
+        else {"mean": record.reward_mean, "std": record.reward_std},
+        "chi2": chi2,
+        "directions": record.directions,
+        "kept_share": record.kept_share,
+    }
+
+
+def _spectrum(record: PositionRecord) -> dict:
+    lam = record.cov_eigenvalues.clamp_min(0)
+    return {
+        "eigenvalues": lam.tolist(),
+        "trace": float(lam.sum()),
+        "numerical_rank": record.numerical_rank,
+        "effective_rank": record.effective_rank,
+        "participation_ratio": record.participation_ratio,
+        "rank_bound": max(record.support - 1, 0),
+        "uncentered_eigenvalues": record.uncentered_eigenvalues.clamp_min(0).tolist(),
+    }

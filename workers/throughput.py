@@ -1,0 +1,70 @@
+"""The float32 matmul rate of a device, measured once and remembered, for cost estimates in seconds.
+
+Why remembered: measuring takes a second, and a CLI run for a 2-direction estimate should not spend
+it every time. The rate is kept per device (CPU model and thread count, or the GPU's name) in the model
+cache folder; `refresh` measures again (the benchmarks always do, to compare with their own runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import torch
+
+from backend.registry import cache_dir
+
+CACHE_NAME = "throughput.json"
+
+
+def device_key(device: str) -> str:
+    """What the rate depends on: the GPU's name, or the CPU's model and the threads torch uses."""
+    target = torch.device(device)
+    if target.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(target)}"
+    return f"cpu:{platform.machine()}:{_cpu_model()}:{torch.get_num_threads()} threads"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+def measure(device: str = "cpu", size: int | None = None, repeats: int = 3) -> float:
+    """Float32 matmul flops per second on ``device``, measured now (full-precision float32: no TF32)."""
+    target = torch.device(device)
+    size = size or (4096 if target.type == "cuda" else 1024)
+    a = torch.randn(size, size, device=target)
+    a @ a  # warm up
+    if target.type == "cuda":
+        torch.cuda.synchronize(target)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ a
+    if target.type == "cuda":
+        torch.cuda.synchronize(target)
+    return repeats * 2 * size**3 / (time.perf_counter() - start)
+
+
+def matmul_rate(device: str = "cpu", refresh: bool = False) -> float:
+    """The remembered rate of ``device`` (measured on first use, or when ``refresh``)."""
+    path = cache_dir() / CACHE_NAME
+    key = device_key(device)
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not refresh and isinstance(known.get(key), dict) and known[key].get("flops_per_second", 0) > 0:
+        return float(known[key]["flops_per_second"])
+    rate = measure(device)
+    known[key] = {"flops_per_second": rate, "measured_at": time.time()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    partial.write_text(json.dumps(known, indent=1))
+    partial.replace(path)
+    return rate
