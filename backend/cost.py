@@ -25,9 +25,13 @@ def context_lengths(job: AnalysisJob) -> list[int]:
     Position t (1-based) predicts y_t from the prefix plus y_1..y_{t-1}: len(prefix) + t - 1 tokens.
     """
     n_prefix = len(job.input_ids)
-    if not job.continuation_ids:
+    # a response still to be sampled counts at its longest: an upper bound until it is drawn
+    n_response = len(job.continuation_ids) or (
+        job.continuation_sample.max_tokens if job.continuation_sample else 0
+    )
+    if not n_response:
         return [n_prefix]
-    return [n_prefix + t - 1 for t in range(1, len(job.continuation_ids) + 1)]
+    return [n_prefix + t - 1 for t in range(1, n_response + 1)]
 
 
 def sampler_directions(d_model: int, job: AnalysisJob) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler
+from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SampleSpec
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
 from backend.vocabulary import MODEL_ID, SamplerKind, format_method, parse_method
@@ -86,16 +86,42 @@ def normalize(
                 f"{limits.max_continuation_tokens}; shorten it",
                 field="continuation",
             )
+    sample = _check_sample(create, limits)
     return AnalysisJob(
         model=info.id,
         weights_digest=info.digest,
         dtype=info.dtype,
         input_ids=input_ids,
         continuation_ids=continuation_ids,
-        sampler=_normalize_sampler(create, codec, bool(continuation_ids)),
+        continuation_sample=sample,
+        sampler=_normalize_sampler(create, codec, bool(continuation_ids) or sample is not None),
         reward=_normalize_reward(create.reward, codec),
         method=format_method(*parse_method(create.method)),
     )
+
+
+def _check_sample(create: AnalysisCreate, limits: RequestLimits) -> SampleSpec | None:
+    sample = create.continuation_sample
+    if sample is None:
+        return None
+    if create.continuation:
+        raise RequestError(
+            "give either continuation (a typed response) or continuation_sample (a sampled one), not both",
+            field="continuation_sample",
+        )
+    if create.sampler.kind == SamplerKind.data:
+        raise RequestError(
+            "the data sampler is one-hot on given tokens, so it cannot draw a response; type the "
+            "continuation, or sample with the model or uniform sampler",
+            field="continuation_sample",
+        )
+    if sample.max_tokens > limits.max_continuation_tokens:
+        raise RequestError(
+            f"continuation_sample.max_tokens is {sample.max_tokens}, over the limit of "
+            f"{limits.max_continuation_tokens}; ask for fewer",
+            field="continuation_sample.max_tokens",
+        )
+    return sample
 
 
 def _normalize_sampler(create: AnalysisCreate, codec: TokenCodec, has_continuation: bool) -> JobSampler:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from backend.schemas import (
     AnalysisCreate,
     AnalysisPublic,
+    ComparePublic,
     ErrorBody,
     Health,
     ModelPublic,
@@ -66,6 +67,32 @@ def create_analysis(create: AnalysisCreate, service: Service) -> Response:
 @api.get("/analyses/{analysis_id}", response_model=AnalysisPublic)
 def read_analysis(analysis_id: AnalysisId, service: Service) -> Response:
     return JsonBytes(service.get_json(analysis_id))
+
+
+@api.get("/analyses/{analysis_id}/overview", response_model=dict[str, Any])
+def read_overview(analysis_id: AnalysisId, service: Service) -> dict[str, Any]:
+    """The finished summary with its first position whole and `position_index` listing every position
+    in brief: what the slides draw, as small for a 64-token response as for a prefix."""
+    return service.overview(analysis_id)
+
+
+@api.get("/analyses/{analysis_id}/positions/{index}", response_model=dict[str, Any])
+def read_position(
+    analysis_id: AnalysisId, index: Annotated[int, PathParam(ge=0, le=100_000)], service: Service
+) -> dict[str, Any]:
+    """One analysed position's whole summary (p and mu, spectrum, output layer, totals)."""
+    return service.position(analysis_id, index)
+
+
+@api.get("/compare", response_model=ComparePublic)
+def compare(
+    service: Service,
+    a: Annotated[str, Query(pattern=r"^[0-9a-f]{64}$", description="an analysis id")],
+    b: Annotated[str, Query(pattern=r"^[0-9a-f]{64}$", description="another, of the same parameters")],
+) -> ComparePublic:
+    """Two finished analyses side by side: overlap and Jaccard of their top-q Fisher sets against
+    chance, and both analyses' totals per tensor."""
+    return service.compare(a, b)
 
 
 @api.get("/analyses/{analysis_id}/tensors", response_model=list[str])
@@ -143,10 +170,17 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-@health.get("/readyz", response_model=Health, responses={503: {"model": ErrorBody}})
+@health.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"model": ErrorBody, "description": "the store is down, or a model is still loading"}},
+)
 def readyz(service: Service) -> Health:
     try:
         service.store.ping()
     except Exception as error:
         raise ServiceError(503, f"store unavailable: {type(error).__name__}") from None
+    warming = service.warming()
+    if warming is not None:
+        raise ServiceError(503, warming)
     return Health(status="ready")

@@ -45,6 +45,15 @@ class SamplerSpec(BaseModel):
     )
 
 
+class SampleSpec(BaseModel):
+    """Draw the continuation y ~ mu from the request's own sampler instead of typing it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="same seed, same response")
+    max_tokens: int = Field(default=16, ge=1, le=1024, description="at most this many tokens; stops at EOS")
+
+
 class AnalysisCreate(BaseModel):
     """Body of POST /api/v1/analyses."""
 
@@ -53,6 +62,9 @@ class AnalysisCreate(BaseModel):
     model: str = Field(..., min_length=1, max_length=128, description="an allowed model id")
     prefix: str = Field(..., min_length=1, max_length=20_000)
     continuation: str | None = Field(default=None, max_length=20_000)
+    continuation_sample: SampleSpec | None = Field(
+        default=None, description="instead of `continuation`: a response sampled from the sampler mu"
+    )
     sampler: SamplerSpec = Field(default_factory=lambda: SamplerSpec())
     reward: dict[Annotated[str, Field(max_length=256)], RewardValue] = Field(
         default_factory=dict, max_length=1024, description="token (text or '#ID') -> reward; others 0"
@@ -89,6 +101,11 @@ class AnalysisJob(BaseModel):
     dtype: str = Field("float32", description="what the engine computes in (the model's registered dtype)")
     input_ids: list[int]
     continuation_ids: list[int] = Field(default_factory=list)
+    continuation_sample: SampleSpec | None = Field(
+        default=None,
+        description="a response still to be drawn: the worker samples it, then runs the job of the concrete "
+        "response, whose id this one's answers follow",
+    )
     sampler: JobSampler = Field(default_factory=JobSampler)
     reward: dict[str, float] = Field(default_factory=dict, description="token id (decimal) -> reward")
     method: str = "exact"
@@ -109,6 +126,17 @@ class CostEstimate(BaseModel):
     upper_bound: bool = Field(False, description="true when the estimate is an upper bound (truncated)")
 
 
+class PartialResult(BaseModel):
+    """What a running exact analysis has so far: the directions done carry `kept_share` of trace(C_mu)."""
+
+    kept_share: float = Field(..., ge=0.0, le=1.0, description="share of the C_mu trace the result covers")
+    result: dict[str, Any] = Field(
+        ...,
+        description="the summary schema from the directions done (a lower bound); concentration, "
+        "top_coordinates and overlap are null until the analysis is done",
+    )
+
+
 class AnalysisPublic(BaseModel):
     """GET /api/v1/analyses/{id} and the answers of POST."""
 
@@ -119,6 +147,7 @@ class AnalysisPublic(BaseModel):
     request: AnalysisJob
     cost: CostEstimate | None = None
     error: str | None = None
+    partial: PartialResult | None = Field(default=None, description="while running: the result so far")
     result: dict[str, Any] | None = Field(default=None, description="the summary JSON when done")
 
 
@@ -172,6 +201,39 @@ class CertificatePublic(BaseModel):
     routes: dict[str, int] = Field(default_factory=dict, description="tensors per path: matrix, expert, ...")
     autograd_matrices: list[str] = Field(default_factory=list, description="matrices without a fast form")
     seconds: float = 0.0
+
+
+class PositionEntry(BaseModel):
+    """One analysed position, in brief (its whole summary: GET .../positions/{index})."""
+
+    index: int
+    context_length: int
+    target: dict[str, Any] | None = Field(default=None, description="the response token it predicts")
+
+
+class SetComparison(BaseModel):
+    q: list[float]
+    overlap: list[float] = Field(..., description="|A ∩ B| / |A| of the two top-q sets")
+    jaccard: list[float] = Field(..., description="|A ∩ B| / |A ∪ B|")
+    chance_overlap: list[float] = Field(..., description="for independent random sets: q")
+    chance_jaccard: list[float] = Field(..., description="for independent random sets: q / (2 - q)")
+
+
+class TensorPair(BaseModel):
+    name: str
+    layer: int | str
+    kind: str
+    a: dict[str, float]
+    b: dict[str, float]
+
+
+class ComparePublic(BaseModel):
+    """Two analyses of models with the same parameter names, side by side (DESIGN.md 8)."""
+
+    a: str
+    b: str
+    sets: SetComparison = Field(..., description="the top-q sets by the centered Fisher")
+    tensors: list[TensorPair]
 
 
 class ModelPublic(BaseModel):

@@ -7,12 +7,16 @@ only in the store and queue passed in), and tests can drive them without HTTP.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from backend import registry
+from backend.compare import set_comparison, tensor_pairs
 from backend.cost import cheaper_methods, estimate_cost
+from backend.disk import mark_used
 from backend.fastjson import is_strict_json_object, loads
 from backend.normalize import RequestError, check_model_id, check_text, normalize
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, JobQueue
@@ -21,9 +25,14 @@ from backend.schemas import (
     AnalysisJob,
     AnalysisPublic,
     CertificatePublic,
+    ComparePublic,
+    CostEstimate,
     JobStatus,
     ModelPublic,
     PooledView,
+    PositionEntry,
+    SetComparison,
+    TensorPair,
     TensorView,
     TokenizeResponse,
     TokenPiece,
@@ -33,10 +42,13 @@ from backend.schemas import (
 from backend.settings import Settings
 from backend.store import Store, StoredAnalysis, decode_view
 from backend.tokens import TokenCodec, codec_for_file
-from backend.vocabulary import STATS
+from backend.vocabulary import STATS, TOP_FRACTIONS
 
 # `AnalysisPublic` serializes `result` last; a cache hit replaces this tail with the stored summary.
 _NULL_RESULT_TAIL = b',"result":null}'
+# ... and a running analysis's latest partial result is spliced in the same way, before it.
+_NULL_PARTIAL_TAIL = b',"partial":null,"result":null}'
+SUMMARIES_KEPT = 16  # parsed finished summaries kept for the per-position and compare views
 
 
 class ServiceError(Exception):
@@ -53,7 +65,11 @@ class AnalysisService:
         self.settings = settings
         self.store = store
         self.queue = queue
+        self._summaries: OrderedDict[str, dict] = OrderedDict()
         self._models: dict[str, tuple[int, registry.ModelInfo, TokenCodec]] = {}
+        # what keeps the service from answering at full speed yet (a model loading), or None; the
+        # composition that runs a worker in this process sets it
+        self.warming: Callable[[], str | None] = lambda: None
 
     # --- models and tokens -------------------------------------------------------------------
     def resolve_model(self, model_id: str) -> tuple[registry.ModelInfo, TokenCodec]:
@@ -152,33 +168,34 @@ class AnalysisService:
         analysis_id = job.key()
         stored = self.store.read(analysis_id)
         meta = stored.meta
+        if meta and meta.get("follows"):  # a sampled response already drawn: its own analysis
+            return self._resolve(analysis_id)
         if meta and meta["status"] == JobStatus.done:
             if stored.summary_json is not None:
                 return analysis_id, stored  # the cache hit: one store read in all
             self.store.fail(analysis_id, "the cached result expired")
             meta = self.store.get_meta(analysis_id)
-        if meta is None or meta["status"] == JobStatus.failed:
-            fresh = {
-                "status": JobStatus.queued.value,
-                "progress": 0.0,
-                "stage": None,
-                "error": None,
-                "request": job.model_dump(mode="json"),
-                "cost": estimate.model_dump(),
-                "created": time.time(),
-            }
-            if self.store.claim(analysis_id, fresh):
-                self.queue.enqueue(ANALYSIS_FUNCTION, job.model_dump(mode="json"), analysis_id)
-        return analysis_id, self._read(analysis_id)
+        retry = meta is None or meta["status"] == JobStatus.failed
+        if retry and self.store.claim(analysis_id, queued_meta(job, estimate)):
+            self.queue.enqueue(ANALYSIS_FUNCTION, job.model_dump(mode="json"), analysis_id)
+        return self._resolve(analysis_id)
 
-    def _read(self, analysis_id: str) -> StoredAnalysis:
+    def _resolve(self, analysis_id: str) -> tuple[str, StoredAnalysis]:
+        """The analysis an id answers for, and what is stored of it.
+
+        A request whose response was to be sampled follows, once the response is drawn, the analysis
+        of that concrete response (`meta.follows`), so a link with a seed finds the cached result.
+        """
         stored = self.store.read(analysis_id)
+        if stored.meta is not None and stored.meta.get("follows"):
+            analysis_id = stored.meta["follows"]
+            stored = self.store.read(analysis_id)
         if stored.meta is None or "request" not in stored.meta:
             raise ServiceError(404, f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first")
-        return stored
+        return analysis_id, stored
 
     def _public(self, analysis_id: str, meta: dict | None, result: dict | None) -> AnalysisPublic:
-        if meta is None:  # _read and submit_id answer 404 before this
+        if meta is None:  # _resolve and submit_id answer 404 before this
             raise ServiceError(404, f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first")
         return AnalysisPublic(
             id=analysis_id,
@@ -192,12 +209,12 @@ class AnalysisService:
         )
 
     def get(self, analysis_id: str) -> AnalysisPublic:
-        meta, summary_json = self._read(analysis_id)
+        analysis_id, (meta, summary_json) = self._resolve(analysis_id)
         return self._public(analysis_id, meta, loads(summary_json) if summary_json else None)
 
     def get_json(self, analysis_id: str) -> bytes:
         """The body of GET /api/v1/analyses/{id} as JSON bytes (same schema as `get`)."""
-        return self._public_json(analysis_id, self._read(analysis_id))[0]
+        return self._public_json(*self._resolve(analysis_id))[0]
 
     def _public_json(self, analysis_id: str, stored: StoredAnalysis) -> tuple[bytes, JobStatus]:
         """Everything but the summary goes through `AnalysisPublic` (so the schema is the pinned one);
@@ -206,22 +223,78 @@ class AnalysisService:
         public = self._public(analysis_id, meta, None)
         head = public.model_dump_json().encode("utf-8")
         if summary_json is None:
+            partial = self.store.get_partial_json(analysis_id) if public.status == JobStatus.running else None
+            if partial is not None and head.endswith(_NULL_PARTIAL_TAIL):
+                head = head[: -len(_NULL_PARTIAL_TAIL)] + b',"partial":' + partial + _NULL_RESULT_TAIL
             return head, public.status
         if is_strict_json_object(summary_json) and head.endswith(_NULL_RESULT_TAIL):
             return head[: -len(_NULL_RESULT_TAIL)] + b',"result":' + summary_json + b"}", public.status
         public.result = loads(summary_json)  # NaN from an older store: pydantic writes null
         return public.model_dump_json().encode("utf-8"), public.status
 
-    def _done(self, analysis_id: str) -> StoredAnalysis:
-        """The stored analysis (summary unparsed), or 409 when it is not done."""
-        stored = self._read(analysis_id)
+    def _done(self, analysis_id: str) -> tuple[str, StoredAnalysis]:
+        """The analysis an id answers for and its stored result (unparsed), or 409 when not done."""
+        analysis_id, stored = self._resolve(analysis_id)
         status = stored.meta["status"]  # type: ignore[index]
         if status != JobStatus.done:
             raise ServiceError(409, f"analysis {analysis_id} is {status}, not done yet")
-        return stored
+        return analysis_id, stored
+
+    def summary(self, analysis_id: str) -> tuple[str, dict]:
+        """The finished summary, parsed once per id and kept (a few, most recent) for the views below."""
+        analysis_id, stored = self._done(analysis_id)
+        if analysis_id not in self._summaries:
+            self._summaries[analysis_id] = loads(stored.summary_json or b"{}")
+            while len(self._summaries) > SUMMARIES_KEPT:
+                self._summaries.popitem(last=False)
+        self._summaries.move_to_end(analysis_id)
+        return analysis_id, self._summaries[analysis_id]
+
+    def overview(self, analysis_id: str) -> dict:
+        """The summary with only its first position whole, and every position in brief: what the
+        slides draw, the same size for a 64-token response as for a prefix."""
+        _, summary = self.summary(analysis_id)
+        positions = summary["positions"]
+        index = [
+            PositionEntry(index=p["index"], context_length=p["context_length"], target=p.get("target"))
+            for p in positions
+        ]
+        return {**summary, "positions": positions[:1], "position_index": [e.model_dump() for e in index]}
+
+    def position(self, analysis_id: str, index: int) -> dict:
+        _, summary = self.summary(analysis_id)
+        positions = summary["positions"]
+        if not 0 <= index < len(positions):
+            raise ServiceError(
+                404, f"analysis {analysis_id} has positions 0 to {len(positions) - 1}, not {index}"
+            )
+        return positions[index]
+
+    def compare(self, a: str, b: str) -> ComparePublic:
+        """Top-q set overlap and Jaccard (against chance) and per-tensor totals of two analyses."""
+        a, summary_a = self.summary(a)
+        b, summary_b = self.summary(b)
+        try:
+            tensors = [TensorPair(**pair) for pair in tensor_pairs(summary_a, summary_b)]
+        except ValueError as error:
+            raise RequestError(str(error), field="b") from None
+        levels = []
+        for analysis_id in (a, b):
+            path = self.settings.levels_path(analysis_id)
+            if not path.is_file():
+                raise ServiceError(
+                    409,
+                    f"the top-q sets of {analysis_id} are not on disk yet (written right after the "
+                    "analysis, and removed when the exports folder is over its budget); retry, or POST it "
+                    "again",
+                )
+            mark_used(path)
+            levels.append(np.fromfile(path, dtype=np.uint8))
+        sets = SetComparison(**set_comparison(levels[0], levels[1], TOP_FRACTIONS))
+        return ComparePublic(a=a, b=b, sets=sets, tensors=tensors)
 
     def tensor_view(self, analysis_id: str, tensor: str, stat: str, rows: int, cols: int) -> TensorView:
-        self._done(analysis_id)
+        analysis_id, _ = self._done(analysis_id)
         _check_stat(stat)
         header = self.store.get_pooled_header(analysis_id) or {}
         entry = header.get(stat, {}).get(tensor)
@@ -232,12 +305,12 @@ class AnalysisService:
         return TensorView(tensor=tensor, stat=stat, view=view)
 
     def tensor_names(self, analysis_id: str) -> list[str]:
-        self._done(analysis_id)
+        analysis_id, _ = self._done(analysis_id)
         header = self.store.get_pooled_header(analysis_id) or {}
         return list(header.get("fisher", {}))
 
     def top(self, analysis_id: str, stat: str, limit: int) -> TopCoordinates:
-        summary_json = self._done(analysis_id).summary_json
+        summary_json = self._done(analysis_id)[1].summary_json
         tops = (loads(summary_json) if summary_json else {}).get("top_coordinates") or {}
         if stat not in tops:
             raise ServiceError(404, f"no top coordinates for stat {stat!r}; available: {sorted(tops)}")
@@ -245,9 +318,11 @@ class AnalysisService:
 
     def export(self, analysis_id: str) -> Path | AnalysisPublic:
         """The safetensors file when ready; else start computing it (once) and say so."""
-        request = self._done(analysis_id).meta["request"]  # type: ignore[index]
+        analysis_id, stored = self._done(analysis_id)
+        request = stored.meta["request"]  # type: ignore[index]
         path = self.settings.export_path(analysis_id)
         if path.is_file():
+            mark_used(path)
             return path
         meta = self.store.get_meta(analysis_id) or {}
         started = meta.get("export_started") or 0.0
@@ -261,6 +336,19 @@ class AnalysisService:
             job = AnalysisJob.model_validate(request)
             self.queue.enqueue(EXPORT_FUNCTION, job.model_dump(mode="json"), analysis_id)
         return self.get(analysis_id)
+
+
+def queued_meta(job: AnalysisJob, estimate: CostEstimate | None) -> dict:
+    """The status record of a job just queued (by the API, or by a worker that drew a response)."""
+    return {
+        "status": JobStatus.queued.value,
+        "progress": 0.0,
+        "stage": None,
+        "error": None,
+        "request": job.model_dump(mode="json"),
+        "cost": None if estimate is None else estimate.model_dump(),
+        "created": time.time(),
+    }
 
 
 def _check_stat(stat: str) -> None:

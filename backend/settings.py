@@ -38,6 +38,9 @@ class Settings(BaseSettings):
         default=Path.home() / ".cache" / "fisherscope" / "exports",
         description="safetensors downloads, written by the worker (a volume shared with the API)",
     )
+    exports_budget_bytes: int = Field(
+        default=20 * 2**30, description="disk the exports folder may use; the least recently used go first"
+    )
     allowed_models: list[str] | None = Field(
         default=None, description="ids the API accepts; unset = every built-in and registered id"
     )
@@ -45,6 +48,14 @@ class Settings(BaseSettings):
     max_continuation_tokens: int = 64
     cost_budget_tflop: float = Field(default=50.0, description="refuse analyses estimated above this")
     flops_per_second: float = Field(default=5e10, description="throughput used to turn flops into seconds")
+    allow_tf32: bool = Field(
+        default=False,
+        description="CUDA float32 matmuls in TF32 (faster, ~1e-3 relative; the certificate measures it)",
+    )
+    landing_analysis: bool = Field(
+        default=True,
+        description="`fisherscope serve` queues the first page's example analysis once its model is loaded",
+    )
     engine_memory_bytes: int = Field(
         default=1 << 30, description="memory one direction chunk of the engine may use (bytes)"
     )
@@ -58,6 +69,10 @@ class Settings(BaseSettings):
     def export_path(self, analysis_id: str) -> Path:
         """Where the safetensors file of an analysis is written (by a worker) and read (by the API)."""
         return self.exports_dir / f"{analysis_id}.safetensors"
+
+    def levels_path(self, analysis_id: str) -> Path:
+        """The analysis's top-q Fisher sets, one byte per coordinate (workers.fisher.masks), for compares."""
+        return self.exports_dir / "levels" / f"{analysis_id}.u8"
 
     def limits(self) -> RequestLimits:
         return RequestLimits(self.max_prefix_tokens, self.max_continuation_tokens)

@@ -105,6 +105,13 @@ class Store(ABC):
     def get_pooled_blob(self, analysis_id: str, stat: str, tensor: str) -> bytes | None: ...
 
     @abstractmethod
+    def save_partial(self, analysis_id: str, partial: dict) -> None:
+        """The latest partial result of a running analysis (replaced by the next, dropped when done)."""
+
+    @abstractmethod
+    def get_partial_json(self, analysis_id: str) -> bytes | None: ...
+
+    @abstractmethod
     def touch_lease(self, analysis_id: str) -> None: ...
 
     @abstractmethod
@@ -123,6 +130,10 @@ class Store(ABC):
 
     def fail(self, analysis_id: str, error: str) -> None:
         self.update_meta(analysis_id, status="failed", error=error)
+        self._drop_partial(analysis_id)
+
+    @abstractmethod
+    def _drop_partial(self, analysis_id: str) -> None: ...
 
     def checked_meta(self, analysis_id: str) -> dict | None:
         """The meta, with a running job whose worker died turned into failed (never running forever)."""
@@ -201,6 +212,7 @@ class RedisStore(Store):
         pipe.delete(pooled_key)
         pipe.hset(pooled_key, mapping={"__header__": json.dumps(header), **blobs})
         pipe.expire(pooled_key, self.ttl_s)
+        pipe.delete(self._key("partial", analysis_id))
         pipe.execute()
         self.update_meta(analysis_id, status="done", stage="done", progress=1.0, error=None)
 
@@ -213,6 +225,15 @@ class RedisStore(Store):
 
     def get_pooled_blob(self, analysis_id: str, stat: str, tensor: str) -> bytes | None:
         return self.redis.hget(self._key("pooled", analysis_id), f"{stat}/{tensor}")
+
+    def save_partial(self, analysis_id: str, partial: dict) -> None:
+        self.redis.set(self._key("partial", analysis_id), dumps(partial), ex=self.ttl_s)
+
+    def get_partial_json(self, analysis_id: str) -> bytes | None:
+        return self.redis.get(self._key("partial", analysis_id))
+
+    def _drop_partial(self, analysis_id: str) -> None:
+        self.redis.delete(self._key("partial", analysis_id))
 
     def touch_lease(self, analysis_id: str) -> None:
         self.redis.set(self._key("lease", analysis_id), "1", px=int(LEASE_TTL_S * 1000))
@@ -243,6 +264,7 @@ class LocalStore(Store):
         self._leases: dict[str, float] = {}
         self._counters: dict[str, int] = {}
         self._summaries: OrderedDict[str, bytes] = OrderedDict()
+        self._partials: dict[str, bytes] = {}
 
     def ping(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -298,6 +320,7 @@ class LocalStore(Store):
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
             self._summaries.pop(analysis_id, None)
+            self._partials.pop(analysis_id, None)
 
     def _read_json(self, analysis_id: str, name: str) -> Any:
         try:
@@ -330,6 +353,18 @@ class LocalStore(Store):
         names = self._read_json(analysis_id, "pooled/index.json") or {}
         name = names.get(f"{stat}/{tensor}")
         return (self._dir(analysis_id) / "pooled" / name).read_bytes() if name else None
+
+    def save_partial(self, analysis_id: str, partial: dict) -> None:
+        with self._lock:
+            self._partials[analysis_id] = dumps(partial)
+
+    def get_partial_json(self, analysis_id: str) -> bytes | None:
+        with self._lock:
+            return self._partials.get(analysis_id)
+
+    def _drop_partial(self, analysis_id: str) -> None:
+        with self._lock:
+            self._partials.pop(analysis_id, None)
 
     def touch_lease(self, analysis_id: str) -> None:
         with self._lock:

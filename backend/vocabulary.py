@@ -25,6 +25,10 @@ STATS: tuple[str, ...] = (
     "bound",
 )
 SIGNED_STATS: tuple[str, ...] = ("mean_shift", "common", "policy_grad")
+# The densities q of the named top-q sets: concentration shares, overlaps, compares and masks.
+TOP_FRACTIONS: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1)
+# The essays' running example: what a first visit shows, computed once by `fisherscope serve` at start.
+LANDING_PREFIX = "She drank a cup of"
 
 # Module kinds a parameter is grouped by, in the order figures show them.
 MODULE_KINDS: tuple[str, ...] = (

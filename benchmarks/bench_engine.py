@@ -1,13 +1,18 @@
 """Speed and memory of the exact engine on SmolLM2-135M, measured against its own flop floor.
 
-Prints, in one run on this machine: exact time and peak memory for a 5-token and a 32-token prefix;
-the floor 2 r P T at the float32 matmul rate measured in the same run, and the ratio; Monte Carlo
-with 16/64/256 samples (time, relative L2 error against exact, top-1% overlap); and the
-per-candidate brute force (one backward per vocabulary token) extrapolated from timed backwards.
+Prints, in one run on this machine:
+- exact on a 5-token and a 32-token prefix: time per stage, peak memory, the floor 2 r P T at the
+  float32 matmul rate measured in the same process, the ratio to it, and the summary stage against the
+  direction pass;
+- the cost estimate (`backend.cost.estimate_cost` at the measured rate) against the measured time, for
+  prefixes of 5 to 256 tokens and continuations up to 64 (the long ones with Monte Carlo directions,
+  which the estimate models the same way, so the run stays in minutes);
+- Monte Carlo with 16/64/256 samples against exact (time, relative L2 error, top-1% overlap), and the
+  per-candidate brute force (one backward per vocabulary token) extrapolated from timed backwards.
 
 Each measurement runs in its own process so that peak memory (ru_maxrss) is that measurement's own.
 
-    .venv/bin/python benchmarks/bench_engine.py [--model smollm2-135m] [--skip-32]
+    .venv/bin/python benchmarks/bench_engine.py [--model smollm2-135m] [--skip-long] [--device cpu]
 """
 
 from __future__ import annotations
@@ -19,120 +24,177 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHORT_PREFIX = "She drank a cup of"
 LONG_TEXT = (
     "The Fisher says where learning can happen; the reward decides where it does. After she drank a "
     "cup of coffee, she read the essay again and wrote down why the updates of post-training are sparse"
 )
+# (prefix tokens, continuation tokens, method) whose estimate is compared with the measured time
+ESTIMATE_CASES = [
+    (5, 0, "exact"),
+    (32, 0, "exact"),
+    (64, 0, "exact"),
+    (128, 0, "mc:32"),
+    (256, 0, "mc:16"),
+    (5, 16, "mc:16"),
+    (5, 64, "mc:4"),
+]
 
 
 def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB -> GB
 
 
-def _load(model_id: str):
+def _setup(model_id: str, device: str):
+    from backend.settings import get_settings
     from workers.models.loading import load_model
+    from workers.throughput import measure
 
-    return load_model(model_id)
+    loaded = load_model(model_id, device=device)
+    return loaded, get_settings(), measure(device, size=2048)
 
 
-def _job(loaded, ids: list[int], method: str = "exact"):
+def _ids(loaded, tokens: int) -> list[int]:
+    if tokens == 5:
+        return loaded.tokenizer.encode(SHORT_PREFIX).ids
+    ids: list[int] = []
+    while len(ids) < tokens:
+        ids += loaded.tokenizer.encode(LONG_TEXT).ids
+    return ids[:tokens]
+
+
+def _job(loaded, ids: list[int], continuation: list[int] | None = None, method: str = "exact"):
     from backend.schemas import AnalysisJob
 
-    return AnalysisJob(model=loaded.id, weights_digest=loaded.info.digest, input_ids=ids, method=method)
+    return AnalysisJob(
+        model=loaded.id,
+        weights_digest=loaded.info.digest,
+        input_ids=ids,
+        continuation_ids=continuation or [],
+        method=method,
+    )
 
 
-def _prefix_ids(loaded, which: str) -> list[int]:
-    if which == "short":
-        return loaded.tokenizer.encode(SHORT_PREFIX).ids
-    ids = loaded.tokenizer.encode(LONG_TEXT).ids
-    if len(ids) < 32:
-        raise SystemExit("the long benchmark text encodes to fewer than 32 tokens")
-    return ids[:32]
+def child_exact(model_id: str, device: str, tokens: int) -> dict:
+    """One exact analysis: time per stage and this process's peak memory."""
+    from workers.jobs import analyze_job
 
-
-def child_exact(model_id: str, which: str) -> dict:
-    """One exact analysis; time per stage and this process's peak memory."""
-    from workers.engine import measured_flops_per_second, run_analysis
-
-    loaded = _load(model_id)
-    ids = _prefix_ids(loaded, which)
-    rate = measured_flops_per_second(2048)
+    loaded, settings, rate = _setup(model_id, device)
+    job = _job(loaded, _ids(loaded, tokens))
+    analyze_job(loaded, _job(loaded, _ids(loaded, 3)), settings)  # warm: first calls allocate
     stages: dict[str, float] = {}
     start = time.perf_counter()
 
     def progress(stage: str, fraction: float) -> None:
         stages.setdefault(stage, time.perf_counter() - start)
 
-    analysis = run_analysis(loaded, _job(loaded, ids), progress)
+    analysis = analyze_job(loaded, job, settings, progress)
     total = time.perf_counter() - start
     pooled_start = time.perf_counter()
     analysis.pooled()
-    pooled = time.perf_counter() - pooled_start
-    directions = analysis.summary["method"]["directions"]
     return {
-        "tokens": len(ids),
+        "tokens": tokens,
         "seconds": total,
-        "pooled_seconds": pooled,
+        "pooled_seconds": time.perf_counter() - pooled_start,
         "stages": stages,
         "peak_gb": _peak_gb(),
-        "directions": directions,
+        "directions": analysis.summary["method"]["directions"],
         "n_params": loaded.info.n_params,
         "matmul_flops_per_second": rate,
     }
 
 
-def child_mc(model_id: str, which: str, samples: list[int]) -> dict:
+def child_estimate(model_id: str, device: str, cases: list[tuple[int, int, str]]) -> dict:
+    """Estimated against measured seconds, the estimate at the rate measured here."""
+    from backend.cost import estimate_cost
+    from workers.jobs import analyze_job
+
+    loaded, settings, rate = _setup(model_id, device)
+    analyze_job(loaded, _job(loaded, _ids(loaded, 3), method="mc:2"), settings)  # warm
+    rows = []
+    for tokens, continuation, method in cases:
+        ids = _ids(loaded, tokens + continuation)
+        job = _job(loaded, ids[:tokens], ids[tokens:], method)
+        start = time.perf_counter()
+        analyze_job(loaded, job, settings)
+        seconds = time.perf_counter() - start
+        estimate = estimate_cost(loaded.info, job, rate).seconds
+        rows.append(
+            {
+                "tokens": tokens,
+                "continuation": continuation,
+                "method": method,
+                "seconds": seconds,
+                "estimate": estimate,
+            }
+        )
+    return {"rows": rows, "matmul_flops_per_second": rate}
+
+
+def child_mc(model_id: str, device: str, samples: list[int]) -> dict:
     """Exact once, then Monte Carlo with each sample count: time, relative L2 error, top-1% overlap."""
     import torch
 
-    from workers.engine import run_analysis
+    from workers.jobs import analyze_job
 
-    loaded = _load(model_id)
-    ids = _prefix_ids(loaded, which)
-    exact = torch.cat(
-        [v.reshape(-1) for v in run_analysis(loaded, _job(loaded, ids)).per_parameter("fisher").values()]
-    )
+    loaded, settings, _ = _setup(model_id, device)
+    ids = _ids(loaded, 5)
+    exact_analysis = analyze_job(loaded, _job(loaded, ids), settings)
+    exact = torch.cat([v.reshape(-1) for v in exact_analysis.per_parameter("fisher").values()])
+    del exact_analysis
     k = max(1, math.ceil(0.01 * exact.numel()))
     exact_top = torch.zeros(exact.numel(), dtype=torch.bool)
     exact_top[torch.topk(exact, k).indices] = True
     out = []
     for s in samples:
         start = time.perf_counter()
-        analysis = run_analysis(loaded, _job(loaded, ids, f"mc:{s}"))
+        analysis = analyze_job(loaded, _job(loaded, ids, method=f"mc:{s}"), settings)
         seconds = time.perf_counter() - start
         estimate = torch.cat([v.reshape(-1) for v in analysis.per_parameter("fisher").values()])
         error = float((estimate - exact).norm() / exact.norm())
-        top = torch.topk(estimate, k).indices
-        overlap = float(exact_top[top].float().mean())
+        overlap = float(exact_top[torch.topk(estimate, k).indices].float().mean())
         out.append({"samples": s, "seconds": seconds, "relative_l2": error, "top1_overlap": overlap})
         del estimate, analysis
     return {"mc": out}
 
 
-def child_brute_force(model_id: str, candidates: int = 8) -> dict:
+def child_brute_force(model_id: str, device: str, candidates: int = 8) -> dict:
     """Seconds per vocabulary token of the per-candidate brute force, times the vocabulary."""
     import torch
 
-    loaded = _load(model_id)
+    loaded, _, _ = _setup(model_id, device)
     model = loaded.model
-    ids = torch.tensor(_prefix_ids(loaded, "short"))
-    params = [p for p in model.parameters()]
+    ids = torch.tensor(_ids(loaded, 5), device=device)
+    params = list(model.parameters())
     logits = model(input_ids=ids[None], use_cache=False).logits[0, -1]
     torch.autograd.grad(logits[0], params, retain_graph=True)  # warm up
     start = time.perf_counter()
     for a in range(candidates):
         torch.autograd.grad(logits[a], params, retain_graph=True)
     per_token = (time.perf_counter() - start) / candidates
-    vocab = logits.numel()
-    return {"seconds_per_token": per_token, "vocab": vocab, "extrapolated_seconds": per_token * vocab}
+    return {
+        "seconds_per_token": per_token,
+        "vocab": logits.numel(),
+        "extrapolated_seconds": per_token * logits.numel(),
+    }
 
 
-def _run_child(args: list[str]) -> dict:
-    result = subprocess.run(
-        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=False
-    )
+def _run_child(args: list[str], options: argparse.Namespace) -> dict:
+    command = [
+        sys.executable,
+        __file__,
+        "--model",
+        options.model,
+        "--device",
+        options.device,
+        "--child",
+        *args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"benchmark child {args} failed:\n{result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -141,17 +203,25 @@ def _run_child(args: list[str]) -> dict:
 def _report_exact(label: str, r: dict) -> None:
     floor_flops = 2 * r["directions"] * r["n_params"] * r["tokens"]
     floor_seconds = floor_flops / r["matmul_flops_per_second"]
+    stages = r["stages"]
+    directions = stages.get("summary", r["seconds"]) - stages.get("directions", 0.0)
+    summary = r["seconds"] - stages.get("summary", r["seconds"])
     print(f"\n== exact, {label} ({r['tokens']} tokens, r = {r['directions']} directions)")
     print(
-        f"  time            {r['seconds']:8.2f} s   (stages start at: "
-        + ", ".join(f"{k} {v:.2f}s" for k, v in r["stages"].items())
-        + ")"
+        f"  time            {r['seconds']:8.2f} s   = prepare (forward, C_mu) "
+        f"{stages.get('directions', 0):.2f} s"
+        f" + directions {directions:.2f} s + summary {summary:.2f} s"
     )
-    print(f"  pooled views    {r['pooled_seconds']:8.2f} s   (for the service's heatmaps)")
+    print(
+        f"  pooled views    {r['pooled_seconds']:8.2f} s   (for the service's heatmaps, after the analysis)"
+    )
     print(f"  peak memory     {r['peak_gb']:8.2f} GB")
-    print(f"  matmul rate     {r['matmul_flops_per_second'] / 1e9:8.1f} GFLOP/s (float32, measured now)")
+    print(
+        f"  matmul rate     {r['matmul_flops_per_second'] / 1e9:8.1f} GFLOP/s (float32 2048^2, measured now)"
+    )
     print(f"  floor 2rPT      {floor_flops / 1e12:8.3f} TFLOP = {floor_seconds:.2f} s at that rate")
-    print(f"  ratio           {r['seconds'] / floor_seconds:8.2f} x floor")
+    print(f"  ratio           {r['seconds'] / floor_seconds:8.2f} x floor (end to end, warm model)")
+    print(f"  summary         {summary / max(directions, 1e-9):8.1%} of the direction pass")
 
 
 def main() -> None:
@@ -159,40 +229,56 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--skip-32", action="store_true", help="skip the 32-token prefix (slow on a CPU)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--skip-long", action="store_true", help="only the 5-token exact analysis")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
         if kind == "exact":
-            print(json.dumps(child_exact(args.model, rest[0])))
+            print(json.dumps(child_exact(args.model, args.device, int(rest[0]))))
+        elif kind == "estimate":
+            cases = [(int(t), int(c), m) for t, c, m in (case.split(",") for case in rest)]
+            print(json.dumps(child_estimate(args.model, args.device, cases)))
         elif kind == "mc":
-            print(json.dumps(child_mc(args.model, rest[0], [int(s) for s in rest[1:]])))
+            print(json.dumps(child_mc(args.model, args.device, [int(s) for s in rest])))
         elif kind == "brute":
-            print(json.dumps(child_brute_force(args.model)))
+            print(json.dumps(child_brute_force(args.model, args.device)))
         return
-    print(f"fisherscope engine benchmark: {args.model}, torch threads as configured")
-    short = _run_child(["exact", "short"])
+    print(f"fisherscope engine benchmark: {args.model} on {args.device}")
+    short = _run_child(["exact", "5"], args)
     _report_exact(f'"{SHORT_PREFIX}"', short)
-    if not args.skip_32:
-        _report_exact("32-token prefix", _run_child(["exact", "long"]))
-    mc = _run_child(["mc", "short", "16", "64", "256"])["mc"]
+    if args.skip_long:
+        return
+    _report_exact("32-token prefix", _run_child(["exact", "32"], args))
+    estimate = _run_child(["estimate", *(f"{t},{c},{m}" for t, c, m in ESTIMATE_CASES)], args)
+    print(
+        "\n== cost estimate against measured time (estimate at "
+        f"{estimate['matmul_flops_per_second'] / 1e9:.0f}"
+        " GFLOP/s, measured in the same process)"
+    )
+    for row in estimate["rows"]:
+        ratio = row["estimate"] / row["seconds"]
+        print(
+            f"  prefix {row['tokens']:>3} + continuation {row['continuation']:>2}, {row['method']:<6}"
+            f" measured {row['seconds']:7.1f} s  estimated {row['estimate']:7.1f} s  ({ratio:.2f} x)"
+        )
+    mc = _run_child(["mc", "16", "64", "256"], args)["mc"]
     print(f'\n== Monte Carlo against exact, "{SHORT_PREFIX}"')
     for row in mc:
-        relative = row["seconds"] / short["seconds"]
         print(
-            f"  mc:{row['samples']:<4} {row['seconds']:7.2f} s ({relative:.2f} x exact)"
+            f"  mc:{row['samples']:<4} {row['seconds']:7.2f} s "
+            f"({row['seconds'] / short['seconds']:.2f} x exact)"
             f"   relative L2 error {row['relative_l2']:.3f}   top-1% overlap {row['top1_overlap']:.3f}"
         )
-    brute = _run_child(["brute"])
-    hours = brute["extrapolated_seconds"] / 3600
+    brute = _run_child(["brute"], args)
     print("\n== per-candidate brute force (one backward per vocabulary token)")
     print(
-        f"  {brute['seconds_per_token'] * 1000:.1f} ms per token x {brute['vocab']} tokens = {hours:.2f} h"
+        f"  {brute['seconds_per_token'] * 1000:.1f} ms per token x {brute['vocab']} tokens ="
+        f" {brute['extrapolated_seconds'] / 3600:.2f} h"
         f"   ({brute['extrapolated_seconds'] / short['seconds']:.0f} x exact)"
     )
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     main()

@@ -136,3 +136,31 @@ def test_http_answers_are_the_pinned_schema(tmp_path: Path) -> None:
     assert client.get("/api/v1/analyses/" + "0" * 64).status_code == 404
     top = client.get(f"/api/v1/analyses/{analysis_id}/top", params={"stat": "fisher", "limit": 1})
     assert top.json()["coordinates"] == SUMMARY["top_coordinates"]["fisher"]
+
+
+@needs_tiny
+@pytest.mark.parametrize("kind", ["local", "redis"])
+def test_a_running_analysis_answers_its_latest_partial_result(tmp_path: Path, kind: str) -> None:
+    """The partial is spliced into the running status as stored; it is gone once the result is in."""
+    settings = Settings(redis_url=None, results_dir=tmp_path)
+    if kind == "redis":
+        connection = redis.Redis.from_url(REDIS_URL)
+        connection.flushdb()
+        store: Store = RedisStore(connection, settings.result_ttl_s)
+    else:
+        store = LocalStore(tmp_path)
+    service = AnalysisService(settings, store, ThreadQueue(lambda *args: None))
+    body = {"model": "tiny-random", "prefix": "She drank a cup of"}
+    analysis_id, _ = service.submit_id(AnalysisCreate.model_validate(body))
+    store.update_meta(analysis_id, status="running", stage="directions", progress=0.3)
+    store.touch_lease(analysis_id)
+    assert json.loads(service.get_json(analysis_id))["partial"] is None
+    partial = {"kept_share": 0.63, "result": {"totals": {"fisher": 1.5}, "concentration": None}}
+    store.save_partial(analysis_id, partial)
+    answer = json.loads(service.get_json(analysis_id))
+    assert answer["partial"] == partial and answer["result"] is None
+    assert AnalysisPublic.model_validate(answer).partial.kept_share == 0.63
+    store.save_result(analysis_id, {"totals": {"fisher": 2.0}}, {})
+    done = json.loads(service.get_json(analysis_id))
+    assert done["partial"] is None and done["result"] == {"totals": {"fisher": 2.0}}
+    assert store.get_partial_json(analysis_id) is None

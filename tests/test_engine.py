@@ -175,3 +175,35 @@ def test_truncated_and_monte_carlo_report_their_method(tiny_random):
     assert truncated["missing_estimate"] == pytest.approx((1 - kept) / kept, rel=1e-9)
     mc = run_analysis(tiny_random, _job(tiny_random, method="mc:32")).summary["method"]
     assert mc["name"] == "mc" and mc["samples"] == 32 and mc["directions"] == 32
+
+
+def test_partial_results_come_after_the_first_chunk_and_bound_the_exact_ones(tiny_random):
+    """Directions run in descending eigenvalue order: the first partial is the truncated result."""
+    partials: list[tuple[dict, float]] = []
+    job = _job(tiny_random, sampler=JobSampler(temperature=0.7))
+    final = analyze_job(tiny_random, job, Settings(), on_partial=lambda s, k: partials.append((s, k))).summary
+    assert len(partials) == 1
+    summary, kept = partials[0]
+    eigenvalues = final["positions"][0]["spectrum"]["eigenvalues"]
+    assert kept == pytest.approx(sum(eigenvalues[:32]) / sum(eigenvalues), rel=1e-6)  # the first chunk
+    assert summary["concentration"] is None and summary["top_coordinates"] is None
+    assert summary["positions"][0]["p"] == final["positions"][0]["p"]  # p, mu and the rows: exact at once
+    layout_head = {t["name"] for t in final["tensors"] if t["kind"] in ("head", "embedding")}
+    partial_totals = {t["name"]: t["totals"] for t in summary["tensors"]}
+    for tensor in final["tensors"]:
+        got = partial_totals[tensor["name"]]
+        # first moments are complete after the first chunk; the Fisher is a lower bound off the tied table
+        assert got["mean_shift_sq"] == pytest.approx(tensor["totals"]["mean_shift_sq"], rel=1e-5, abs=1e-12)
+        if tensor["name"] not in layout_head:
+            assert got["fisher"] <= tensor["totals"]["fisher"] * (1 + 1e-6) + 1e-12
+
+
+def test_a_response_has_no_partial_results_and_a_one_hot_mu_stores_no_fisher(tiny_random):
+    partials: list = []
+    job = _job(tiny_random, continuation=" tea", sampler=JobSampler(kind="data"))
+    analysis = analyze_job(tiny_random, job, Settings(), on_partial=lambda s, k: partials.append(k))
+    assert partials == []
+    assert "fisher" not in analysis.sequence.sums.sums and "bound" not in analysis.sequence.sums.sums
+    assert analysis.summary["totals"]["fisher"] == 0.0
+    named = analysis.summary["concentration"]["fisher"]["at"]
+    assert named == {"0.001": 0.0, "0.01": 0.0, "0.05": 0.0, "0.1": 0.0}

@@ -142,3 +142,24 @@ def test_sampler_config_rejects_bad_values():
     with pytest.raises(ValueError, match="method"):
         parse_method("truncated:1.5")
     assert parse_method("mc:64") == ("mc", None, 64)
+
+
+def test_top_q_levels_hold_exactly_ceil_q_p_coordinates_ties_by_index():
+    from backend.compare import set_comparison
+    from workers.fisher.masks import top_q_levels
+
+    a = [torch.tensor([5.0, 1.0, 1.0, 1.0]), torch.tensor([[3.0, 1.0], [0.0, 2.0]])]  # P = 8
+    levels, named = top_q_levels(lambda: iter(a), 8, (0.125, 0.5, 0.75))
+    # top 1: the 5; top 4: 5, 3, 2 and the first 1 by index; top 6: then the next two 1s
+    assert levels.tolist() == [1, 2, 3, 3, 2, 0, 0, 2]
+    assert [t.k for t in named] == [1, 4, 6] and [t.value for t in named] == [5.0, 1.0, 1.0]
+    b = [torch.tensor([0.0, 9.0, 1.0, 1.0]), torch.tensor([[3.0, 1.0], [0.0, 2.0]])]
+    other, _ = top_q_levels(lambda: iter(b), 8, (0.125, 0.5, 0.75))
+    compared = set_comparison(levels.numpy(), other.numpy(), (0.125, 0.5, 0.75))
+    top_a = [set(i for i, v in enumerate(levels.tolist()) if 0 < v <= l) for l in (1, 2, 3)]
+    top_b = [set(i for i, v in enumerate(other.tolist()) if 0 < v <= l) for l in (1, 2, 3)]
+    for l, (sa, sb) in enumerate(zip(top_a, top_b, strict=True)):
+        assert len(sa) == len(sb) == [1, 4, 6][l]
+        assert compared["overlap"][l] == len(sa & sb) / len(sa)
+        assert compared["jaccard"][l] == len(sa & sb) / len(sa | sb)
+    assert compared["chance_jaccard"] == [q / (2 - q) for q in (0.125, 0.5, 0.75)]

@@ -137,6 +137,11 @@ def _add_analyze(commands) -> None:
     )
     analyze.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     analyze.add_argument(
+        "--tf32",
+        action="store_true",
+        help="CUDA float32 matmuls in TF32: faster, ~1e-3 relative (the certificate measures it)",
+    )
+    analyze.add_argument(
         "--dtype",
         default=None,
         choices=["float32", "float64", "bfloat16", "float16"],

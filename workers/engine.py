@@ -31,6 +31,7 @@ from workers.fisher.sampler import SamplerConfig
 from workers.models.loading import LoadedModel
 
 ProgressCallback = Callable[[str, float], None]
+PartialCallback = Callable[[dict, float], None]  # (light summary, kept share of trace(C_mu))
 # the fraction of the progress bar each stage spans
 _STAGES = {"forward": (0.0, 0.05), "directions": (0.05, 0.85), "summary": (0.85, 1.0)}
 CURVE_STATS = ("fisher", "uncentered", "raw")
@@ -123,13 +124,42 @@ def _staged(progress: ProgressCallback | None) -> ProgressCallback:
     return report
 
 
+class _Partials:
+    """Partial summaries while the directions run, no more often than their own cost allows: at least
+    ``MIN_INTERVAL_S`` apart and three times the last one's cost, so they slow the analysis by a
+    quarter at most; none once 99% of the trace is in (the exact result is moments away)."""
+
+    MIN_INTERVAL_S = 1.0
+
+    def __init__(self, loaded: LoadedModel, request: AnalysisRequest, reward, deliver: PartialCallback):
+        self.loaded, self.request, self.reward, self.deliver = loaded, request, reward, deliver
+        self.last = -math.inf
+        self.cost = 0.0
+
+    def __call__(self, snapshot: Callable[[], SequenceAnalysis], kept_share: float) -> None:
+        now = time.perf_counter()
+        if now - self.last < max(self.MIN_INTERVAL_S, 3 * self.cost) or kept_share >= 0.99:
+            return
+        layout = HeadLayout.of(self.loaded.model)
+        summary = build_summary(self.loaded, self.request, snapshot(), layout, self.reward, light=True)
+        self.cost = time.perf_counter() - now
+        self.last = time.perf_counter()
+        self.deliver(summary, kept_share)
+
+
 def run_analysis(
     loaded: LoadedModel,
     request: AnalysisRequest,
     memory_budget_bytes: int,
     progress: ProgressCallback | None = None,
+    on_partial: PartialCallback | None = None,
 ) -> Analysis:
-    """Compute every quantity of DESIGN.md section 2 for ``request`` on ``loaded``'s model."""
+    """Compute every quantity of DESIGN.md section 2 for ``request`` on ``loaded``'s model.
+
+    ``on_partial(summary, kept_share)``: while the directions of a prefix run, light summaries of the
+    truncated result so far (totals exact as far as the directions go; no concentration, top
+    coordinates or overlap) with the share of trace(C_mu) they carry.
+    """
     started = time.perf_counter()
     report = _staged(progress)
     model = loaded.model
@@ -149,6 +179,7 @@ def run_analysis(
         engine_model,
         memory_budget_bytes=memory_budget_bytes,
         progress=report,
+        on_partial=None if on_partial is None else _Partials(loaded, request, reward, on_partial),
     )
     report("summary", 0.0)
     summary = build_summary(loaded, request, sequence, HeadLayout.of(model), reward)
@@ -163,12 +194,13 @@ def build_summary(
     sequence: SequenceAnalysis,
     layout: HeadLayout,
     reward: torch.Tensor | None,
+    light: bool = False,
 ) -> dict:
     decode = loaded.decode_token
     info = loaded.info
     sampler = request.sampler
     method = request.method
-    whole = model_summary(sequence.sums, layout.head_name, layout.embedding_name, CURVE_STATS)
+    whole = model_summary(sequence.sums, layout.head_name, layout.embedding_name, CURVE_STATS, light=light)
     positions = [position_summary(r, i, decode, reward) for i, r in enumerate(sequence.positions)]
     first = sequence.positions[0]
 

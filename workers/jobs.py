@@ -9,6 +9,7 @@ embedded in-process worker thread. It talks to the store through ``backend.store
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -16,12 +17,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from backend.cost import estimate_cost
+from backend.disk import evict_to_budget
 from backend.schemas import AnalysisJob
+from backend.service import queued_meta
 from backend.settings import Settings, get_settings
 from backend.store import RedisStore, Store
-from workers.engine import Analysis, AnalysisRequest, ProgressCallback, run_analysis
+from backend.vocabulary import EngineKind
+from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
+from workers.fisher.concentration import NAMED_FRACTIONS
+from workers.fisher.masks import top_q_levels
 from workers.fisher.methods import Method
 from workers.fisher.sampler import SamplerConfig
+from workers.fisher.sampling import sample_continuation
 from workers.models.loading import LoadedModel, ModelPool
 
 ENGINE_RUNS = "engine_runs"
@@ -37,6 +44,8 @@ def model_pool() -> ModelPool:
         if _pool is None:
             import torch
 
+            # float32 matmuls at full precision unless the operator asks for TF32
+            torch.backends.cuda.matmul.allow_tf32 = get_settings().allow_tf32
             _pool = ModelPool(device="cuda" if torch.cuda.is_available() else "cpu")
         return _pool
 
@@ -61,9 +70,10 @@ def analyze_job(
     settings: Settings,
     progress: ProgressCallback | None = None,
     flops_per_second: float | None = None,
+    on_partial: PartialCallback | None = None,
 ) -> Analysis:
     """Run ``job``; its summary gets the cost estimate at ``flops_per_second`` (else the configured rate)."""
-    analysis = run_analysis(loaded, request_from_job(job), settings.engine_memory_bytes, progress)
+    analysis = run_analysis(loaded, request_from_job(job), settings.engine_memory_bytes, progress, on_partial)
     rate = flops_per_second or settings.flops_per_second
     analysis.summary["cost"] = estimate_cost(loaded.info, job, rate).model_dump(mode="json")
     return analysis
@@ -104,6 +114,24 @@ def load_for(job: AnalysisJob, pool: ModelPool) -> LoadedModel:
     return loaded
 
 
+def write_levels(analysis: Analysis, target: Path, settings: Settings) -> None:
+    """The analysis's top-q Fisher sets (one byte per coordinate) beside the exports, for compares."""
+    sums = analysis.sequence.sums
+    total = sum(math.prod(shape) for shape in sums.shapes.values())
+    known = analysis.summary["concentration"]["fisher"]["thresholds"]
+    levels, _ = top_q_levels(
+        lambda: (value for _, value in sums.iter_stat("fisher")),
+        total,
+        NAMED_FRACTIONS,
+        [known[f"{q:g}"] for q in NAMED_FRACTIONS],
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+    levels.numpy().tofile(partial)
+    partial.replace(target)
+    evict_to_budget(settings.exports_dir, settings.exports_budget_bytes, keep=target)
+
+
 def pooled_within_budget(analysis: Analysis, store: Store, settings: Settings) -> dict:
     """Pooled views at the configured grid, halved until they fit the per-analysis memory budget."""
     rows, cols = settings.pooled_rows, settings.pooled_cols
@@ -114,10 +142,65 @@ def pooled_within_budget(analysis: Analysis, store: Store, settings: Settings) -
         rows, cols = max(1, rows // 2), max(1, cols // 2)
 
 
+def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: ModelPool) -> AnalysisJob | None:
+    """For a job whose response is to be sampled: draw it, link the request to the concrete job.
+
+    Returns the concrete job when this worker should run it (nobody has, or its last try failed).
+    """
+    request_id = job.key()
+    store.update_meta(request_id, status="running", stage="sampling", progress=0.0, error=None)
+    with leased(store, request_id):
+        try:
+            loaded = load_for(job, pool)
+            ids = sample_response(loaded, job)
+        except Exception as error:
+            store.fail(request_id, _reason(error))
+            return None
+    concrete = job.model_copy(update={"continuation_ids": ids, "continuation_sample": None})
+    concrete_id = concrete.key()
+    estimate = estimate_cost(loaded.info, concrete, settings.flops_per_second)
+    claimed = store.claim(concrete_id, queued_meta(concrete, estimate))
+    store.update_meta(request_id, status="done", stage="sampled", progress=1.0, follows=concrete_id)
+    return concrete if claimed else None
+
+
+def sample_response(loaded: LoadedModel, job: AnalysisJob) -> list[int]:
+    """The job's response, drawn from its own sampler with its seed (stops at the model's EOS)."""
+    import torch
+
+    spec = job.continuation_sample
+    assert spec is not None
+    request = request_from_job(job)
+    model = loaded.model
+    device = next(model.parameters()).device
+    engine = loaded.bf16() if request.sampler.engine == EngineKind.bf16 else None
+    prefix = torch.tensor(job.input_ids, dtype=torch.long, device=device)
+    return sample_continuation(
+        model, prefix, request.sampler, spec.seed, spec.max_tokens, stop_ids(model), engine
+    )
+
+
+def stop_ids(model) -> set[int]:
+    """The model's end-of-sequence ids (config and generation config; int or list in either)."""
+    found: set[int] = set()
+    for config in (model.config, getattr(model, "generation_config", None)):
+        value = getattr(config, "eos_token_id", None)
+        found |= {int(v) for v in (value if isinstance(value, list) else [value]) if v is not None}
+    return found
+
+
 def execute_analysis(
     job: AnalysisJob, store: Store, settings: Settings, pool: ModelPool | None = None
 ) -> None:
-    """Run `job` and store its summary and pooled views; any failure is stored as a readable error."""
+    """Run `job` and store its summary and pooled views; any failure is stored as a readable error.
+
+    A job with a response to sample draws it first; the analysis then runs under the concrete job's id.
+    """
+    if job.continuation_sample is not None:
+        concrete = draw_response(job, store, settings, pool or model_pool())
+        if concrete is None:
+            return
+        job = concrete
     analysis_id = job.key()
     store.update_meta(analysis_id, status="running", stage="load", progress=0.0, error=None)
     with leased(store, analysis_id):
@@ -125,9 +208,16 @@ def execute_analysis(
             loaded = load_for(job, pool or model_pool())
             store.count(ENGINE_RUNS)
             analysis = analyze_job(
-                loaded, job, settings, lambda stage, p: store.set_progress(analysis_id, stage, p)
+                loaded,
+                job,
+                settings,
+                lambda stage, p: store.set_progress(analysis_id, stage, p),
+                on_partial=lambda summary, kept: store.save_partial(
+                    analysis_id, {"kept_share": kept, "result": summary}
+                ),
             )
             store.save_result(analysis_id, analysis.summary, pooled_within_budget(analysis, store, settings))
+            write_levels(analysis, settings.levels_path(analysis_id), settings)
         except BaseException as error:  # includes RQ's timeout; the job must end failed, never running
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):
@@ -146,6 +236,7 @@ def execute_export(
         partial = target.with_name(f".{target.name}.{os.getpid()}.part")
         analysis.save(partial, metadata={"job": job.canonical_json()})
         partial.replace(target)
+        evict_to_budget(settings.exports_dir, settings.exports_budget_bytes, keep=target)
         store.update_meta(analysis_id, export_status="done", export_error=None)
         return target
     except Exception as error:

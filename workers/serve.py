@@ -9,25 +9,76 @@ persist to a folder, and the dashboard is mounted under `/` beside the API.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from backend.embedded import local_backend
 from backend.main import create_app
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION
-from backend.schemas import AnalysisJob
+from backend.registry import DEFAULT_MODEL, is_available
+from backend.schemas import AnalysisCreate, AnalysisJob
 from backend.settings import Settings, get_settings
 from backend.store import Store
+from backend.vocabulary import LANDING_PREFIX
 
 log = logging.getLogger(__name__)
 
 
-def embedded_api(settings: Settings) -> Any:
-    """The API with a folder store and an in-process worker thread (no Redis)."""
+def embedded_api(settings: Settings, preload: str | None = None) -> Any:
+    """The API with a folder store and an in-process worker thread (no Redis).
+
+    ``preload``: a model id loaded in the background at once, so that the first analysis finds it
+    warm (`/readyz` answers 503 with what is loading until it is in), and whose landing analysis (the
+    essays' example) is then queued, so that a first visit finds it in the cache.
+    """
     settings = settings.model_copy(update={"redis_url": None})
     store, queue = local_backend(
         settings, lambda function, payload, store: _run(function, payload, store, settings)
     )
-    return create_app(settings, store, queue)
+    api = create_app(settings, store, queue)
+    if preload is not None:
+        service = api.state.service
+
+        def then() -> None:
+            if settings.landing_analysis:
+                _submit_landing(service, preload)
+
+        service.warming = _Preload(preload, then).status
+    return api
+
+
+def _submit_landing(service: Any, model_id: str) -> None:
+    """Queue the landing view's analysis; a cached one costs nothing."""
+    service.submit(AnalysisCreate(model=model_id, prefix=LANDING_PREFIX))
+
+
+class _Preload:
+    """Loads one model into this process's pool on a thread; says what it is doing until done."""
+
+    def __init__(self, model_id: str, then: Callable[[], None]) -> None:
+        self.model_id = model_id
+        self.then = then
+        self.failed: str | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._load, name=f"preload-{model_id}", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            from workers import jobs
+
+            jobs.model_pool().get(self.model_id)
+            self.then()
+        except Exception as error:  # the first job for it will say why again; the service still serves
+            self.failed = f"{type(error).__name__}: {error}"
+            log.warning("preloading %s failed: %s", self.model_id, self.failed)
+        finally:
+            self.done.set()
+
+    def status(self) -> str | None:
+        if not self.done.is_set():
+            return f"loading the model {self.model_id} (the first analysis waits for it)"
+        return None
 
 
 def _run(function: str, payload: dict, store: Store, settings: Settings) -> None:
@@ -52,14 +103,16 @@ def with_dashboard(api: Any, api_base_url: str) -> Any:
     return api
 
 
-def build_app(settings: Settings, host: str, port: int) -> Any:
-    return with_dashboard(embedded_api(settings), f"http://{host}:{port}")
+def build_app(settings: Settings, host: str, port: int, preload: str | None = None) -> Any:
+    return with_dashboard(embedded_api(settings, preload), f"http://{host}:{port}")
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO)
-    app = build_app(get_settings(), host, port)
+    app = build_app(
+        get_settings(), host, port, preload=DEFAULT_MODEL if is_available(DEFAULT_MODEL) else None
+    )
     print(f"fisherscope: dashboard and API on http://{host}:{port}/  (API docs: /docs)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

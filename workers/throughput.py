@@ -23,7 +23,8 @@ def device_key(device: str) -> str:
     """What the rate depends on: the GPU's name, or the CPU's model and the threads torch uses."""
     target = torch.device(device)
     if target.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(target)}"
+        tf32 = "+tf32" if torch.backends.cuda.matmul.allow_tf32 else ""
+        return f"cuda:{torch.cuda.get_device_name(target)}{tf32}"
     return f"cpu:{platform.machine()}:{_cpu_model()}:{torch.get_num_threads()} threads"
 
 

@@ -82,6 +82,10 @@ def build_create(args: argparse.Namespace):
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     create = build_create(args)
+    if args.tf32:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = True
     info, codec, loaded = _resolve_model(args)
     from backend.cost import cheaper_methods, estimate_cost
     from backend.normalize import normalize

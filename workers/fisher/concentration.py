@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-NAMED_FRACTIONS = (0.001, 0.01, 0.05, 0.1)
+from backend.vocabulary import TOP_FRACTIONS
+
+NAMED_FRACTIONS = TOP_FRACTIONS
 MANTISSA_BITS_KEPT = 4  # 16 bins per octave
 _SHIFT = 23 - MANTISSA_BITS_KEPT
 N_BINS = 1 << (31 - _SHIFT)  # positive float32: sign bit 0
@@ -47,9 +49,8 @@ def histogram(chunks: Iterable[torch.Tensor]) -> Histogram:
         total += flat.numel()
         index = _bins(flat)
         counts += torch.bincount(index, minlength=N_BINS).to("cpu", torch.float64)
-        sums += torch.bincount(index, weights=flat.float().clamp_min(0), minlength=N_BINS).to(
-            "cpu", torch.float64
-        )
+        # negatives (rounding) land in bin 0 with the zeros, and bin 0's sum is dropped below
+        sums += torch.bincount(index, weights=flat, minlength=N_BINS).to("cpu", torch.float64)
     sums[0] = 0.0
     return Histogram(counts, sums, total)
 
@@ -101,25 +102,26 @@ def plan_thresholds(hist: Histogram, fractions: Iterable[float]) -> ThresholdPla
     return ThresholdPlan(rows)
 
 
-def collect_bins(
-    chunk: torch.Tensor,
-    wanted: set[int],
-    into: dict[int, list[torch.Tensor]],
-    index: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Append the values of ``chunk`` that fall in the ``wanted`` bins; returns the bin index used."""
-    flat = chunk.reshape(-1)
-    index = _bins(flat) if index is None else index
+def bin_floor(b: int) -> float:
+    """The smallest float32 value of bin ``b`` (bins are monotone: value >= bin_floor(b) iff bin >= b)."""
+    return float(torch.tensor(b << _SHIFT, dtype=torch.int32).view(torch.float32))
+
+
+def collect_bins(chunk: torch.Tensor, wanted: set[int], into: dict[int, list[torch.Tensor]]) -> None:
+    """Append the values of ``chunk`` that fall in the ``wanted`` bins.
+
+    One comparison on the values keeps everything at or above the lowest wanted bin; only that subset
+    is binned and split.
+    """
     if not wanted:
-        return index
-    # bins are monotone in the value: one comparison keeps the top values, then split that subset
-    hit = index >= min(wanted)
-    values, bins = flat[hit], index[hit]
+        return
+    flat = chunk.reshape(-1)
+    values = flat[flat.float() >= bin_floor(min(wanted))]
+    bins = _bins(values)
     for b in wanted:
         sel = values[bins == b]
         if sel.numel():
             into.setdefault(b, []).append(sel.to(torch.float64))
-    return index
 
 
 def thresholds(

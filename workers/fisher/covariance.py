@@ -59,7 +59,11 @@ class OutputCovariance:
 
 
 def output_covariance(jacobian: LogitJacobian, q: torch.Tensor) -> OutputCovariance:
-    """C_q for the rows of ``jacobian`` and a distribution ``q`` [V] (float64)."""
+    """C_q for the rows of ``jacobian`` and a distribution ``q`` [V] (float64).
+
+    Why float64 for the Gram product even for a float32 model: its rounding would put ~1e-7 x lambda_max
+    of noise under every eigenvalue, and the numerical rank (the essays' rank of C_mu) would count it.
+    """
     support = q > 0
     rows = jacobian.rows(support.nonzero()[:, 0])  # [n, d] float64
     weights = q[support]

@@ -27,6 +27,8 @@ import torch
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
 
 Progress = Callable[[float], None]
+ChunkCallback = Callable[[Callable[[], "DirectionResults"], list[int]], None]
+FIRST_CHUNK = 32  # directions in the first chunk when partial results are wanted
 
 
 @dataclass
@@ -105,6 +107,7 @@ class _SquareAccumulator:
     def __init__(self, capture: CapturedForward, directions: int, ghost_budget_bytes: int):
         self.sums = _Sums(capture.shapes)
         self.ghost: dict[int, torch.Tensor] = {}  # block index -> M [o, r, s]
+        self.table_rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> ([c] ids, [c, o])
         budget = ghost_budget_bytes
         for index, block in enumerate(capture.matrices):
             feature = block.feature
@@ -125,22 +128,36 @@ class _SquareAccumulator:
         self.sums.add(block.name, value, block.slice)
 
     def add_embedding(self, block: EmbeddingBlock, unique: torch.Tensor, rows: torch.Tensor, weights) -> None:
-        value = rows.new_zeros(self.sums.shapes[block.name])
-        value[unique] = torch.einsum("b,bco->co", weights, rows.square())
-        self.sums.add(block.name, value)
+        """Only the looked-up rows carry anything: summed as [c, o] rows, made dense in ``finalize``."""
+        value = torch.einsum("b,bco->co", weights, rows.square())
+        if block.name in self.table_rows:
+            self.table_rows[block.name][1].add_(value)
+        else:
+            self.table_rows[block.name] = (unique, value)
 
     def add_generic(self, name: str, grad: torch.Tensor, weights: torch.Tensor) -> None:
         self.sums.add(name, torch.einsum("b,b...->...", weights, grad.square()))
 
-    def finalize(self, capture: CapturedForward) -> dict[str, torch.Tensor]:
+    def finalize(self, capture: CapturedForward, keep: bool = False) -> dict[str, torch.Tensor]:
+        """Every parameter's sum; ``keep``: a snapshot that leaves the accumulator running."""
+        sums = self.sums
+        if keep:
+            sums = _Sums(self.sums.shapes)
+            sums.values = {name: value.clone() for name, value in self.sums.values.items()}
         for index, m in self.ghost.items():
             block = capture.matrices[index]
             x = block.feature  # [r, i]
             pairs = (x[:, None, :] * x[None, :, :]).reshape(-1, x.shape[1])  # [r*s, i]
             value = m.reshape(m.shape[0], -1) @ pairs  # [o, i]
-            self.sums.add(block.name, value.T if block.transposed else value, block.slice)
-        self.ghost.clear()
-        return self.sums.values
+            sums.add(block.name, value.T if block.transposed else value, block.slice)
+        for name, (unique, rows) in self.table_rows.items():
+            dense = rows.new_zeros(sums.shapes[name])
+            dense[unique] = rows
+            sums.add(name, dense)
+        if not keep:
+            self.ghost.clear()
+            self.table_rows.clear()
+        return sums.values
 
 
 def _rows(uses: list, grads: tuple, count: int) -> torch.Tensor:
@@ -159,7 +176,7 @@ def _chunk_size(capture: CapturedForward, memory_budget_bytes: int) -> int:
     targets = sum(use.output.numel() for block in capture.matrices for use in block.uses)
     targets += sum(use.output.numel() for block in capture.embeddings for use in block.uses)
     targets += sum(param.numel() for param in capture.generic.values())
-    per_direction = targets * capture.hidden.element_size() * 4  # grads + backward temporaries
+    per_direction = targets * capture.hidden.element_size() * 2  # the grads, and as much in temporaries
     return max(1, min(256, memory_budget_bytes // max(per_direction, 1)))
 
 
@@ -178,14 +195,16 @@ class _DirectionPass:
         self.linears: list[LinearGroup] = linears
         self.probes: list[EmbeddingRowProbe] = probes
         dtype = capture.hidden.dtype
-        self.rows = [_Row("square", g) for g, s in enumerate(squares) for _ in range(s.vectors.shape[0])]
-        self.rows += [_Row("linear", g) for g in range(len(linears))]
+        # first moments and probes lead, so that every partial result after the first chunk has them;
+        # then each square group's directions in the order given (descending eigenvalue for exact)
+        self.rows = [_Row("linear", g) for g in range(len(linears))]
         self.rows += [_Row("probe", g) for g in range(len(probes))]
-        vectors = [s.vectors for s in squares] + [x.vector[None] for x in linears]
-        vectors += [p.vector[None] for p in probes]
+        self.rows += [_Row("square", g) for g, s in enumerate(squares) for _ in range(s.vectors.shape[0])]
+        vectors = [x.vector[None] for x in linears] + [p.vector[None] for p in probes]
+        vectors += [s.vectors for s in squares]
         self.vectors = torch.cat([v.to(dtype) for v in vectors]) if vectors else None  # [B, d]
         self.square_weights = [s.weights.to(dtype) for s in squares]
-        self.square_offsets = [0]
+        self.square_offsets = [len(linears) + len(probes)]
         for s in squares:
             self.square_offsets.append(self.square_offsets[-1] + s.vectors.shape[0])
         self.accumulators = [
@@ -271,12 +290,21 @@ class _DirectionPass:
             if probe.param == name:
                 self.results.probes[probe.name] = grad[b][probe.token_id]
 
-    def finish(self) -> DirectionResults:
+    def finish(self, keep: bool = False) -> DirectionResults:
+        """The results; ``keep``: a snapshot of what the chunks so far give, the pass going on."""
+        results = DirectionResults(probes=dict(self.results.probes)) if keep else self.results
         for square, acc in zip(self.squares, self.accumulators, strict=True):
-            self.results.squares[square.name] = acc.finalize(self.capture)
+            results.squares[square.name] = acc.finalize(self.capture, keep)
         for linear, sums in zip(self.linears, self.linear_sums, strict=True):
-            self.results.linears[linear.name] = sums.values
-        return self.results
+            results.linears[linear.name] = dict(sums.values)
+        return results
+
+    def done_per_group(self, stop: int) -> list[int]:
+        """How many directions of each square group the rows before ``stop`` cover."""
+        return [
+            max(0, min(stop, self.square_offsets[g + 1]) - self.square_offsets[g])
+            for g in range(len(self.squares))
+        ]
 
 
 def backprop_directions(
@@ -288,8 +316,14 @@ def backprop_directions(
     *,
     memory_budget_bytes: int,
     progress: Progress | None = None,
+    on_chunk: ChunkCallback | None = None,
 ) -> DirectionResults:
-    """Run every direction from h[position] back to the recorded outputs and fold them per block."""
+    """Run every direction from h[position] back to the recorded outputs and fold them per block.
+
+    ``on_chunk(snapshot, done)`` is called after every chunk but the last: ``done`` counts the
+    directions of each square group folded in so far, ``snapshot()`` returns the results they give.
+    With it, the first chunk is kept small so that a first partial result comes early.
+    """
     work = _DirectionPass(capture, squares, linears, probes, memory_budget_bytes)
     if work.vectors is None:
         return DirectionResults()
@@ -297,8 +331,13 @@ def backprop_directions(
     targets = work.targets()
     chunk = _chunk_size(capture, memory_budget_bytes)
     total = len(work.rows)
-    for start in range(0, total, chunk):
-        stop = min(start + chunk, total)
+    if progress is not None:
+        progress(0.0)
+    bounds = list(range(0, total, chunk)) + [total]
+    if on_chunk is not None and total > FIRST_CHUNK + work.square_offsets[0]:
+        first = FIRST_CHUNK + work.square_offsets[0]
+        bounds = [0, *range(first, total, chunk), total]
+    for start, stop in zip(bounds, bounds[1:], strict=False):
         grads = torch.autograd.grad(
             hidden,
             targets,
@@ -310,4 +349,6 @@ def backprop_directions(
         work.fold(start, stop - start, grads)
         if progress is not None:
             progress(stop / total)
+        if on_chunk is not None and stop < total:
+            on_chunk(lambda: work.finish(keep=True), work.done_per_group(stop))
     return work.finish()

@@ -71,7 +71,8 @@ def second_moment_plan(
         keep = min(keep, rank)
     total = float(lam.sum()) if rank else 0.0
     kept_share = float(lam[:keep].sum()) / total if total > 0 else 1.0
-    probes = {c: q[c] * (jacobian.rows(c) - covariance.mean_row) for c in prefix_tokens}
+    # rows q does not draw have no cross term (q_c = 0)
+    probes = {c: q[c] * (jacobian.rows(c) - covariance.mean_row) for c in prefix_tokens if q[c] > 0}
     return SecondMomentPlan(
         vectors=covariance.eigenvectors[:, :keep].T.contiguous(),
         weights=lam[:keep].clone(),

@@ -21,6 +21,7 @@ from workers.fisher.concentration import (
     NAMED_FRACTIONS,
     Histogram,
     Threshold,
+    bin_floor,
     collect_bins,
     concentration_curve,
     histogram,
@@ -156,28 +157,43 @@ class _ModelPass:
         ):
             group.add(totals, numel)
 
+    def groups(self) -> dict:
+        return {
+            "totals": self.model.finished(),
+            "tensors": self.tensors,
+            "layers": [
+                {"layer": k, "numel": g.numel, "totals": g.finished()} for k, g in self.layers.items()
+            ],
+            "kinds": [{"kind": k, "numel": g.numel, "totals": g.finished()} for k, g in self.kinds.items()],
+        }
+
     def second(self) -> dict[str, list[Threshold]]:
         """Exact named shares (model and, for the Fisher, per tensor) and the curve stats' top candidates."""
         model_hists = {stat: merge(self.hists[stat].values()) for stat in self.curve}
         model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in self.curve}
         members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in self.curve}
         # the bin of the model's TOP_COORDINATES-th largest value: everything at or above it is a candidate
-        top_bins = {stat: _top_bin(model_hists[stat]) for stat in self.curve}
+        top_floor = {stat: bin_floor(_top_bin(model_hists[stat])) for stat in self.curve}
         for entry in self.tensors:
             name = entry["name"]
-            tensor_plan = plan_thresholds(self.hists["fisher"][name], NAMED_FRACTIONS)
+            per_tensor = "fisher" in self.hists  # else the Fisher is identically zero: shares 0
+            tensor_plan = plan_thresholds(self.hists["fisher"][name], NAMED_FRACTIONS) if per_tensor else None
+            if not per_tensor:
+                entry["concentration"] = {"fisher": {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}}
             for stat in self.curve:
-                wanted = model_plans[stat].bins | (tensor_plan.bins if stat == "fisher" else set())
+                wanted = model_plans[stat].bins | (
+                    tensor_plan.bins if tensor_plan and stat == "fisher" else set()
+                )
                 found: dict[int, list[torch.Tensor]] = {}
                 value = self.sums.stat(stat, name)
-                index = collect_bins(value, wanted, found)
+                collect_bins(value, wanted, found)
                 if stat in self.candidates:
                     flat = value.reshape(-1)
-                    for i in torch.nonzero(index >= top_bins[stat]).flatten().tolist():
+                    for i in torch.nonzero(flat.float() >= top_floor[stat]).flatten().tolist():
                         self.candidates[stat].append((float(flat[i]), name, i, float(flat[i])))
                 for b in model_plans[stat].bins:
                     members[stat].setdefault(b, []).extend(found.get(b, []))
-                if stat == "fisher":
+                if stat == "fisher" and tensor_plan is not None:
                     mine = {b: found.get(b, []) for b in tensor_plan.bins}
                     shares = _shares(self.hists["fisher"][name], tensor_plan.finish(mine))
                     entry["concentration"] = {"fisher": shares}
@@ -185,25 +201,37 @@ class _ModelPass:
         return {stat: model_plans[stat].finish(members[stat]) for stat in self.curve}
 
 
+def _zero_curve() -> dict:
+    qs, shares = concentration_curve(Histogram(torch.zeros(1), torch.zeros(1), 0))
+    zeros = {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}
+    return {"q": qs, "share": shares, "at": zeros, "thresholds": dict(zeros)}
+
+
 def model_summary(
-    sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...]
+    sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...], light: bool = False
 ) -> dict:
-    """Totals per tensor / layer / kind, concentration, top coordinates, top-q overlap."""
-    work = _ModelPass(sums, head_name, embedding_name, curve_stats)
+    """Totals per tensor / layer / kind, concentration, top coordinates, top-q overlap.
+
+    ``light``: totals only (one pass, no histograms): concentration, top coordinates and overlap are
+    null. What a partial result can afford after each chunk of directions.
+    """
+    work = _ModelPass(sums, head_name, embedding_name, () if light else curve_stats)
+    if light:
+        work.top_stats = []
     for name in sums.names:
         work.first(name)
+    if light:
+        return {**work.groups(), "concentration": None, "top_coordinates": None, "overlap": None}
     named = work.second()
     concentration = {stat: _curve(work.model_hists[stat], named[stat]) for stat in work.curve}
     for stat in curve_stats:
-        concentration.setdefault(stat, concentration[sums.alias(stat)])
+        alias = sums.alias(stat)
+        concentration.setdefault(stat, concentration[alias] if alias in concentration else _zero_curve())
     return {
-        "totals": work.model.finished(),
-        "tensors": work.tensors,
-        "layers": [{"layer": k, "numel": g.numel, "totals": g.finished()} for k, g in work.layers.items()],
-        "kinds": [{"kind": k, "numel": g.numel, "totals": g.finished()} for k, g in work.kinds.items()],
+        **work.groups(),
         "concentration": concentration,
         "top_coordinates": _top_coordinates(sums, work.candidates),
-        "overlap": overlap(sums, named["fisher"]) if sums.has_reward else None,
+        "overlap": overlap(sums, named["fisher"]) if sums.has_reward and "fisher" in named else None,
     }
 
 

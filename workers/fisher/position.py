@@ -24,11 +24,18 @@ from workers.fisher.capture import (
     module_weight,
 )
 from workers.fisher.covariance import OutputCovariance, output_covariance
-from workers.fisher.directions import EmbeddingRowProbe, LinearGroup, SquareGroup, backprop_directions
-from workers.fisher.logit_map import logit_jacobian
+from workers.fisher.directions import (
+    DirectionResults,
+    EmbeddingRowProbe,
+    LinearGroup,
+    SquareGroup,
+    backprop_directions,
+)
+from workers.fisher.logit_map import LogitJacobian, logit_jacobian
 from workers.fisher.methods import Method, SecondMomentPlan, second_moment_plan
 
 Params = dict[str, torch.Tensor]
+PartialCallback = Callable[[Callable[[], "PositionMoments"], float], None]
 
 
 @dataclass
@@ -62,6 +69,7 @@ class PositionMoments:
     plan_mu: SecondMomentPlan
     reward_mean: float | None = None
     reward_std: float | None = None
+    fisher_zero: bool = False  # the centered Fisher is identically 0 (one-hot mu)
 
 
 @dataclass
@@ -126,7 +134,14 @@ def position_moments(
     *,
     memory_budget_bytes: int,
     progress: Callable[[float], None] | None = None,
+    on_partial: PartialCallback | None = None,
 ) -> PositionMoments:
+    """Every base moment at the last position of ``inputs.context_ids``.
+
+    ``on_partial(moments, kept_share)``, when given, is called after each chunk of directions but the
+    last: ``moments()`` assembles what the directions so far give (the truncated lower bound, first
+    moments exact), ``kept_share`` is the share of trace(C_mu) they carry.
+    """
     layout = HeadLayout.of(model)
     capture = capture or capture_forward(model, inputs.context_ids)
     position = capture.length - 1
@@ -157,6 +172,15 @@ def position_moments(
         for name, plan in plans.items()
         for c, vector in plan.probes.items()
     ]
+    build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, cov_p, reward_mean, reward_std)
+    chunk_callback = None
+    if on_partial is not None:
+        trace = float(plans["fisher"].weights.sum())
+
+        def chunk_callback(snapshot: Callable[[], DirectionResults], done: list[int]) -> None:
+            kept = float(plans["fisher"].weights[: done[0]].sum()) / trace if trace > 0 else 1.0
+            on_partial(lambda: build(snapshot()), kept)
+
     results = backprop_directions(
         capture,
         position,
@@ -165,35 +189,58 @@ def position_moments(
         probes,
         memory_budget_bytes=memory_budget_bytes,
         progress=progress,
+        on_chunk=chunk_callback,
     )
-    head = HeadTerms(layout, h, jacobian.head_scale())
-    second: dict[str, Params] = {}
-    for name, plan in plans.items():
-        params = head.assemble(results.squares.get(name), plan.head_coefficient, squared=True)
-        for c in plan.probes:  # tied cross term, rows the context reads only
-            row = results.probes.get(f"{name}:{c}")
-            if row is not None:
-                params[layout.head_name][c] += 2 * head.scale[c].to(h.dtype) * h * row.to(h.dtype)
-        second[name] = params
-    kbar_mu = head.assemble(results.linears.get("kbar_mu"), inputs.mu)
-    kbar_p = kbar_mu if on_policy else head.assemble(results.linears.get("kbar_p"), inputs.p)
-    policy_grad = None
-    if centered_reward is not None:
-        policy_grad = head.assemble(results.linears.get("policy_grad"), inputs.mu * centered_reward)
-    return PositionMoments(
-        fisher=second["fisher"],
-        fisher_p=second.get("fisher_p", second["fisher"]),
-        kbar_mu=kbar_mu,
-        kbar_p=kbar_p,
-        policy_grad=policy_grad,
-        hidden=h,
-        head_scale=jacobian.head_scale(),
-        cov_mu=cov_mu,
-        cov_p=cov_p,
-        plan_mu=plans["fisher"],
-        reward_mean=reward_mean,
-        reward_std=reward_std,
-    )
+    return build(results)
+
+
+@dataclass
+class _Assembly:
+    """Direction results plus the LM head's closed forms: every base moment, parameter-shaped."""
+
+    layout: HeadLayout
+    h: torch.Tensor
+    jacobian: LogitJacobian
+    inputs: PositionInputs
+    plans: dict[str, SecondMomentPlan]
+    cov_mu: OutputCovariance
+    cov_p: OutputCovariance
+    reward_mean: float | None
+    reward_std: float | None
+
+    def __call__(self, results: DirectionResults) -> PositionMoments:
+        layout, h, inputs = self.layout, self.h, self.inputs
+        head = HeadTerms(layout, h, self.jacobian.head_scale())
+        second: dict[str, Params] = {}
+        for name, plan in self.plans.items():
+            params = head.assemble(results.squares.get(name), plan.head_coefficient, squared=True)
+            for c in plan.probes:  # tied cross term, rows the context reads only
+                row = results.probes.get(f"{name}:{c}")
+                if row is not None:
+                    params[layout.head_name][c] += 2 * head.scale[c].to(h.dtype) * h * row.to(h.dtype)
+            second[name] = params
+        kbar_mu = head.assemble(results.linears.get("kbar_mu"), inputs.mu)
+        kbar_p = kbar_mu if inputs.on_policy else head.assemble(results.linears.get("kbar_p"), inputs.p)
+        policy_grad = None
+        if self.reward_mean is not None and inputs.reward is not None:
+            centered = inputs.mu * (inputs.reward - self.reward_mean)
+            policy_grad = head.assemble(results.linears.get("policy_grad"), centered)
+        plan_mu = self.plans["fisher"]
+        return PositionMoments(
+            fisher=second["fisher"],
+            fisher_p=second.get("fisher_p", second["fisher"]),
+            kbar_mu=kbar_mu,
+            kbar_p=kbar_p,
+            policy_grad=policy_grad,
+            hidden=h,
+            head_scale=self.jacobian.head_scale(),
+            cov_mu=self.cov_mu,
+            cov_p=self.cov_p,
+            plan_mu=plan_mu,
+            reward_mean=self.reward_mean,
+            reward_std=self.reward_std,
+            fisher_zero=self.cov_mu.support <= 1,  # a point mass has no variance: every Fisher is 0
+        )
 
 
 @dataclass

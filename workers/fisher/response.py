@@ -20,6 +20,7 @@ from workers.fisher.sampler import SamplerConfig, model_distribution, sampler_di
 from workers.fisher.stats import MomentSums
 
 Progress = Callable[[str, float], None]
+SequencePartial = Callable[[Callable[[], "SequenceAnalysis"], float], None]
 
 
 @dataclass
@@ -92,8 +93,13 @@ def analyze_sequence(
     *,
     memory_budget_bytes: int,
     progress: Progress | None = None,
+    on_partial: SequencePartial | None = None,
 ) -> SequenceAnalysis:
-    """Analyse the prefix's next token, or every response position when a continuation is given."""
+    """Analyse the prefix's next token, or every response position when a continuation is given.
+
+    ``on_partial(snapshot, kept_share)``: for a prefix (one position), called after each chunk of
+    directions but the last; ``snapshot()`` is the analysis the directions so far give.
+    """
     layout = HeadLayout.of(model)
     full = torch.cat([prefix_ids, continuation_ids])
     n_positions = max(1, continuation_ids.numel())
@@ -118,8 +124,20 @@ def analyze_sequence(
         def chunk_progress(fraction: float, t: int = t) -> None:
             report("directions", (t + fraction) / n_positions)
 
+        partial = None
+        if on_partial is not None and n_positions == 1 and target is None:
+
+            def partial(moments_so_far, kept: float, inputs: PositionInputs = inputs) -> None:
+                on_partial(lambda: _single(layout, inputs, moments_so_far()), kept)
+
         moments = position_moments(
-            model, inputs, method, capture, memory_budget_bytes=memory_budget_bytes, progress=chunk_progress
+            model,
+            inputs,
+            method,
+            capture,
+            memory_budget_bytes=memory_budget_bytes,
+            progress=chunk_progress,
+            on_partial=partial,
         )
         del capture
         result.positions.append(_record(inputs, moments, target))
@@ -132,6 +150,13 @@ def analyze_sequence(
     if sampler.kind == "data" and continuation_ids.numel():
         result.sft_gradient = log_likelihood_gradient(model, prefix_ids, continuation_ids)
     return result
+
+
+def _single(layout: HeadLayout, inputs: PositionInputs, moments: PositionMoments) -> SequenceAnalysis:
+    """The analysis of one position from its moments (a partial result's snapshot)."""
+    sums = MomentSums(layout.names, layout.shapes)
+    sums.add(moments)
+    return SequenceAnalysis(sums, positions=[_record(inputs, moments, None)])
 
 
 def _record(inputs: PositionInputs, m: PositionMoments, target: int | None) -> PositionRecord:

@@ -22,7 +22,8 @@ Params = dict[str, torch.Tensor]
 
 
 def _safe_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), torch.zeros_like(num))
+    """num / den, 0 where den is 0 (there 0 <= num <= den makes num 0 too: 0/0, no other case)."""
+    return (num / den).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 @dataclass
@@ -40,11 +41,13 @@ class MomentSums:
     positions: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
+    _last_square: tuple[str, str, torch.Tensor] | None = field(default=None, repr=False)
 
     SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
     def add(self, m: PositionMoments) -> None:
         """Fold one position in (the caller may drop ``m`` afterwards)."""
+        self._last_square = None
         on_policy = m.kbar_mu is m.kbar_p
         self.dtype = m.hidden.dtype
         self.device = m.hidden.device
@@ -53,7 +56,8 @@ class MomentSums:
         track_squares = self.positions >= 1
         for name in self.names:
             kmu, kp, f = m.kbar_mu[name], m.kbar_p[name], m.fisher[name]
-            self._add("fisher", name, f)
+            if not m.fisher_zero:  # a one-hot mu adds nothing: keep no P-sized zeros
+                self._add("fisher", name, f)
             if not on_policy:
                 shift = kmu - kp
                 self._add("mean_shift", name, shift)
@@ -67,7 +71,8 @@ class MomentSums:
             if m.policy_grad is not None:
                 assert m.reward_std is not None
                 self._add("policy_grad", name, m.policy_grad[name])
-                self._add("bound", name, m.reward_std * f.clamp_min(0).sqrt())
+                if not m.fisher_zero:
+                    self._add("bound", name, m.reward_std * f.clamp_min(0).sqrt())
         self.positions += 1
 
     def _materialize_squares(self) -> None:
@@ -88,8 +93,14 @@ class MomentSums:
     def _get(self, key: str, name: str) -> torch.Tensor | None:
         value = self.sums.get(key, {}).get(name)
         if value is None and self.positions == 1 and key in self.SQUARED:
+            # formed on demand for one position; the last one is kept, as the stats of one tensor
+            # (uncentered, raw, rho, their totals) ask for the same square several times in a row
+            if self._last_square is not None and self._last_square[:2] == (key, name):
+                return self._last_square[2]
             base = self.sums.get(self.SQUARED[key], {}).get(name)
-            return None if base is None else base.square()
+            value = None if base is None else base.square()
+            self._last_square = None if value is None else (key, name, value)
+            return value
         if value is None and self.positions == 1 and key == "kbar_mu_sq" and "mean_shift" in self.sums:
             return (self.sums["common"][name] + self.sums["mean_shift"][name]).square()
         return value
@@ -112,8 +123,10 @@ class MomentSums:
         """True when a stat is zero by construction (no computation needed to know it)."""
         if stat == "mean_shift":
             return not self.has_mean_shift
-        if stat in ("policy_grad", "bound"):
+        if stat == "policy_grad":
             return not self.has_reward
+        if stat in ("fisher", "bound"):  # no position had a Fisher: every one had a one-hot mu
+            return stat not in self.sums
         return False
 
     def alias(self, stat: str) -> str:
@@ -125,8 +138,8 @@ class MomentSums:
         if stat not in STATS:
             raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
         if self.identically_zero(stat):
-            return torch.zeros(self.shapes[name], dtype=self.dtype, device=self.device)
-        fisher = self.sums["fisher"][name]
+            return self._zeros(name)
+        fisher = self.sums["fisher"][name] if "fisher" in self.sums else self._zeros(name)
         if stat == "fisher":
             return fisher
         if stat == "uncentered":
@@ -141,6 +154,9 @@ class MomentSums:
             common_sq = self._common_sq(name)
             return _safe_ratio(common_sq, fisher_p + common_sq)
         return self.sums[stat][name]  # mean_shift, common, policy_grad, bound
+
+    def _zeros(self, name: str) -> torch.Tensor:
+        return torch.zeros(self.shapes[name], dtype=self.dtype, device=self.device)
 
     def iter_stat(self, stat: str) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.names:

@@ -41,6 +41,8 @@ from backend.settings import get_settings
 from workers.fisher.certificate import Certificate, certify
 from workers.models.folder import sha256_digest, weight_files
 
+TF32_TOLERANCE = 1e-2  # TF32 keeps 10 mantissa bits: ~1e-3 relative per product
+
 
 class ModelLoadError(RuntimeError):
     """A model that could not be loaded or was refused; the message is one line saying why."""
@@ -140,14 +142,29 @@ def _is_registry_id(name: str) -> bool:
     return True
 
 
+def matmul_precision(model: PreTrainedModel) -> str:
+    """The model's dtype, marked ``+tf32`` where CUDA float32 matmuls run in TF32 (asked for)."""
+    param = next(model.parameters())
+    dtype = str(param.dtype).removeprefix("torch.")
+    tf32 = (
+        param.device.type == "cuda" and param.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    )
+    return dtype + ("+tf32" if tf32 else "")
+
+
 def ensure_certificate(loaded: LoadedModel) -> Certificate:
-    """The model's certificate (cached per digest, dtype and engine version); refuse a failing model."""
-    dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+    """The model's certificate (cached per digest, dtype and engine version); refuse a failing model.
+
+    With TF32 matmuls (asked for with FISHERSCOPE_ALLOW_TF32) the certificate measures their error
+    against autograd and allows 1e-2 instead of float32's 1e-4.
+    """
+    dtype = matmul_precision(loaded.model)
     stored = read_certificate(loaded.info.digest, dtype)
     if stored is not None:
         certificate = Certificate.from_dict(stored)
     else:
-        certificate = certify(loaded.model, get_settings().engine_memory_bytes)
+        tolerance = TF32_TOLERANCE if dtype.endswith("+tf32") else None
+        certificate = certify(loaded.model, get_settings().engine_memory_bytes, tolerance=tolerance)
     if stored is None:
         write_certificate(loaded.info.digest, dtype, certificate.to_dict())
     if not certificate.passed:
