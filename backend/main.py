@@ -25,6 +25,8 @@ from backend.routes import api, health
 from backend.service import AnalysisService, ServiceError
 from backend.settings import Settings, get_settings
 from backend.store import RedisStore, Store
+from backend.studies import StudyService
+from backend.study_routes import studies
 
 REDIS_DOWN = "Redis is unreachable; the service recovers by itself when it is back, retry in a few seconds"
 
@@ -64,7 +66,9 @@ def create_app(
         description="The token Fisher of a causal LM on your own prefix: analyses, pooled views, downloads.",
     )
     app.state.service = AnalysisService(settings, store, queue)
+    app.state.studies = StudyService(app.state.service)
     app.include_router(api)
+    app.include_router(studies)
     app.include_router(health)
     _add_error_handlers(app)
     app.add_middleware(BodyGuard)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SampleSpec
+from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec, SampleSpec
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
 from backend.vocabulary import MODEL_ID, SamplerKind, format_method, parse_method
@@ -94,7 +94,7 @@ def normalize(
         input_ids=input_ids,
         continuation_ids=continuation_ids,
         continuation_sample=sample,
-        sampler=_normalize_sampler(create, codec, bool(continuation_ids) or sample is not None),
+        sampler=normalize_sampler(create.sampler, codec, bool(continuation_ids) or sample is not None),
         reward=_normalize_reward(create.reward, codec),
         method=format_method(*parse_method(create.method)),
     )
@@ -124,8 +124,7 @@ def _check_sample(create: AnalysisCreate, limits: RequestLimits) -> SampleSpec |
     return sample
 
 
-def _normalize_sampler(create: AnalysisCreate, codec: TokenCodec, has_continuation: bool) -> JobSampler:
-    spec = create.sampler
+def normalize_sampler(spec: SamplerSpec, codec: TokenCodec, has_continuation: bool) -> JobSampler:
     if spec.kind != SamplerKind.data:
         if spec.data_token is not None:
             raise RequestError(

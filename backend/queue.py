@@ -15,18 +15,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from rq import Queue
+from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
 ANALYSIS_FUNCTION = "workers.jobs.run_analysis_job"
 EXPORT_FUNCTION = "workers.jobs.run_export_job"
+STUDY_PART_FUNCTION = "workers.study_jobs.run_study_part_job"
+# a study part whose worker died is run again by another worker (RQ retries abandoned jobs)
+STUDY_PART_RETRIES = 2
 
 log = logging.getLogger(__name__)
 
 
 class JobQueue(ABC):
     @abstractmethod
-    def enqueue(self, function: str, payload: dict, analysis_id: str) -> None: ...
+    def enqueue(self, function: str, payload: dict, analysis_id: str, retries: int = 0) -> None: ...
 
 
 class RedisQueue(JobQueue):
@@ -34,7 +37,7 @@ class RedisQueue(JobQueue):
         self.queue = Queue(name, connection=redis, serializer=JSONSerializer)
         self.job_timeout_s = job_timeout_s
 
-    def enqueue(self, function: str, payload: dict, analysis_id: str) -> None:
+    def enqueue(self, function: str, payload: dict, analysis_id: str, retries: int = 0) -> None:
         self.queue.enqueue_call(
             function,
             args=[payload],
@@ -43,6 +46,7 @@ class RedisQueue(JobQueue):
             failure_ttl=24 * 3600,
             job_id=f"{analysis_id[:32]}-{uuid.uuid4().hex[:8]}",
             description=f"{function.rsplit('.', 1)[-1]} {analysis_id[:12]}",
+            retry=Retry(max=retries) if retries else None,
         )
 
 
@@ -55,7 +59,8 @@ class ThreadQueue(JobQueue):
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def enqueue(self, function: str, payload: dict, analysis_id: str) -> None:
+    def enqueue(self, function: str, payload: dict, analysis_id: str, retries: int = 0) -> None:
+        # one thread in this process: a job that kills it kills the service too, nothing to retry on
         with self._start_lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="fisherscope-worker", daemon=True)

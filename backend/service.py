@@ -190,6 +190,8 @@ class AnalysisService:
         if stored.meta is not None and stored.meta.get("follows"):
             analysis_id = stored.meta["follows"]
             stored = self.store.read(analysis_id)
+        if stored.meta is not None and stored.meta.get("kind") is not None:  # a study's records
+            raise ServiceError(404, f"{analysis_id!r} is not an analysis (a study's? GET /api/v1/studies/ID)")
         if stored.meta is None or "request" not in stored.meta:
             raise ServiceError(404, f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first")
         return analysis_id, stored

@@ -38,6 +38,11 @@ class Settings(BaseSettings):
         default=Path.home() / ".cache" / "fisherscope" / "exports",
         description="safetensors downloads, written by the worker (a volume shared with the API)",
     )
+    studies_dir: Path = Field(
+        default=Path.home() / ".cache" / "fisherscope" / "studies",
+        description="study parts and masks, written by the workers (a volume shared with the API); "
+        "outside the exports budget, so a running study's parts are never evicted",
+    )
     exports_budget_bytes: int = Field(
         default=20 * 2**30, description="disk the exports folder may use; the least recently used go first"
     )
@@ -73,6 +78,10 @@ class Settings(BaseSettings):
     def levels_path(self, analysis_id: str) -> Path:
         """The analysis's top-q Fisher sets, one byte per coordinate (workers.fisher.masks), for compares."""
         return self.exports_dir / "levels" / f"{analysis_id}.u8"
+
+    def study_dir(self, study_id: str) -> Path:
+        """A study's parts (one file per prompt until they are reduced) and its masks file."""
+        return self.studies_dir / study_id
 
     def limits(self) -> RequestLimits:
         return RequestLimits(self.max_prefix_tokens, self.max_continuation_tokens)

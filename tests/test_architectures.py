@@ -218,3 +218,22 @@ def test_the_wire_certificate_has_the_engine_certificate_fields():
     from workers.fisher.certificate import Certificate
 
     assert [f.name for f in fields(Certificate)] == list(CertificatePublic.model_fields)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_sampled_response_is_the_draw_of_full_forward_passes(family):
+    """The KV cache changes nothing: every token is drawn from the mu of an uncached forward."""
+    from workers.fisher.sampler import sampler_distribution
+    from workers.fisher.sampling import sample_continuation
+
+    model = tiny_model(family)
+    prefix = torch.tensor([2, 5, PAD_ID, 9])
+    sampler = SamplerConfig(temperature=0.8, top_k=12)
+    drawn = sample_continuation(model, prefix, sampler, seed=3, max_tokens=6, stop_ids=set())
+    generator, ids = torch.Generator().manual_seed(3), prefix.tolist()
+    for _ in range(6):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor(ids)[None], use_cache=False).logits[0, -1]
+        mu = sampler_distribution(sampler, logits, None)
+        ids.append(int(torch.multinomial(mu, 1, generator=generator)))
+    assert drawn == ids[prefix.numel() :]

@@ -37,9 +37,12 @@ def ensure_tiny() -> None:
         fetch_model("tiny-random", progress=False)
 
 
-def start_worker(exports: Path, redis_url: str = REDIS_URL, queue: str = QUEUE) -> subprocess.Popen:
+def start_worker(
+    exports: Path, redis_url: str = REDIS_URL, queue: str = QUEUE, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
     env = {
         **os.environ,
+        **(extra_env or {}),
         "REDIS_URL": redis_url,
         "FISHERSCOPE_QUEUE_NAME": queue,
         "FISHERSCOPE_EXPORTS_DIR": str(exports),

@@ -13,6 +13,8 @@ from typing import NoReturn
 from workers.commands.analyze import cmd_analyze
 from workers.commands.common import EXIT_USAGE, UsageError
 from workers.commands.models import cmd_fetch, cmd_models
+from workers.commands.options import add_model_options, add_sampler_options
+from workers.commands.study import add_study_parser, cmd_study
 
 QUANTITIES_EPILOG = """\
 quantities (per parameter i; kappa_{i,a} = d z_a / d theta_i, kbar^q_i = sum_a q_a kappa_{i,a}):
@@ -48,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("model", help="built-in id: smollm2-135m or tiny-random")
     _add_models(commands)
     _add_analyze(commands)
+    add_study_parser(commands)
     serve = commands.add_parser("serve", help="run API + dashboard + in-process worker (embedded mode)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -91,21 +94,7 @@ def _add_analyze(commands) -> None:
     analyze.add_argument("--model", required=True, help="catalog id or a local Hugging Face model folder")
     analyze.add_argument("--prefix", required=True, help="the text the model continues")
     analyze.add_argument("--continuation", default=None, help="a response: analyse every position of it")
-    analyze.add_argument("--temperature", type=float, default=1.0, help="sampler temperature T > 0")
-    analyze.add_argument("--top-k", type=int, default=None, help="keep the k most probable tokens")
-    analyze.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
-    analyze.add_argument(
-        "--engine",
-        choices=["model", "bf16"],
-        default="model",
-        help="logits of the float32 model or of the bf16 inference engine",
-    )
-    analyze.add_argument(
-        "--sampler",
-        choices=["model", "data", "uniform"],
-        default="model",
-        help="mu: the model's (tempered/truncated) p, one-hot on data, or uniform",
-    )
+    add_sampler_options(analyze, ("model", "data", "uniform"))
     analyze.add_argument("--data-token", default=None, help="the data sampler's token: text or '#ID'")
     analyze.add_argument(
         "--reward",
@@ -114,7 +103,6 @@ def _add_analyze(commands) -> None:
         metavar="TOKEN=VALUE",
         help="reward of a next token (text or '#ID'); repeat; others get 0",
     )
-    analyze.add_argument("--method", default="exact", help="exact | truncated:F (0<F<=1) | mc:S (S>=2)")
     analyze.add_argument(
         "--save",
         type=Path,
@@ -135,21 +123,7 @@ def _add_analyze(commands) -> None:
         default=None,
         help="refuse to run when the estimate is above this many TFLOP",
     )
-    analyze.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    analyze.add_argument(
-        "--tf32",
-        action="store_true",
-        help="CUDA float32 matmuls in TF32: faster, ~1e-3 relative (the certificate measures it)",
-    )
-    analyze.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "float64", "bfloat16", "float16"],
-        help="compute dtype (default: the registered one, float32 for folders and hub ids)",
-    )
-    analyze.add_argument(
-        "--trust-remote-code", action="store_true", help="allow modeling code shipped with a folder or hub id"
-    )
+    add_model_options(analyze)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -169,6 +143,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "fetch": cmd_fetch,
     "models": cmd_models,
     "analyze": cmd_analyze,
+    "study": cmd_study,
     "serve": cmd_serve,
     "worker": cmd_worker,
 }

@@ -28,7 +28,7 @@ from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.masks import top_q_levels
 from workers.fisher.methods import Method
 from workers.fisher.sampler import SamplerConfig
-from workers.fisher.sampling import sample_continuation
+from workers.fisher.sampling import sample_continuation, stop_ids
 from workers.models.loading import LoadedModel, ModelPool
 
 ENGINE_RUNS = "engine_runs"
@@ -178,15 +178,6 @@ def sample_response(loaded: LoadedModel, job: AnalysisJob) -> list[int]:
     return sample_continuation(
         model, prefix, request.sampler, spec.seed, spec.max_tokens, stop_ids(model), engine
     )
-
-
-def stop_ids(model) -> set[int]:
-    """The model's end-of-sequence ids (config and generation config; int or list in either)."""
-    found: set[int] = set()
-    for config in (model.config, getattr(model, "generation_config", None)):
-        value = getattr(config, "eos_token_id", None)
-        found |= {int(v) for v in (value if isinstance(value, list) else [value]) if v is not None}
-    return found
 
 
 def execute_analysis(

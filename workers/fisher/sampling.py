@@ -17,8 +17,8 @@ from workers.fisher.sampler import SamplerConfig, sampler_distribution
 
 @torch.no_grad()
 def _next_logits(model: nn.Module, ids: torch.Tensor, past) -> tuple[torch.Tensor, object]:
-    out = model(input_ids=ids[None], past_key_values=past, use_cache=True)
-    return out.logits[0, -1], out.past_key_values
+    out = model(input_ids=ids[None], cache=past, use_cache=True)
+    return out.logits[0, -1], out.cache
 
 
 def sample_continuation(
@@ -48,3 +48,12 @@ def sample_continuation(
             break
         step = torch.tensor([token], device=prefix_ids.device)
     return drawn
+
+
+def stop_ids(model) -> set[int]:
+    """The model's end-of-sequence ids (config and generation config; int or list in either)."""
+    found: set[int] = set()
+    for config in (model.config, getattr(model, "generation_config", None)):
+        value = getattr(config, "eos_token_id", None)
+        found |= {int(v) for v in (value if isinstance(value, list) else [value]) if v is not None}
+    return found

@@ -1,0 +1,242 @@
+"""Studies through the service: validate and key a study, fan it out as one job per prompt, report it.
+
+Why one job per prompt: a study's sums are sums over prompts, and each response's draw depends only on
+(seed, prompt, response), so parts run on however many workers there are and add up to the same
+result. Each part has a status record of its own (id ``part_id``), so parts never write the same
+record; the worker that finishes the last part reduces them (``workers.study_jobs``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+from backend.fastjson import loads
+from backend.normalize import RequestError, check_text, normalize_sampler
+from backend.queue import STUDY_PART_FUNCTION, STUDY_PART_RETRIES
+from backend.rewards import RewardKind, RewardRule
+from backend.schemas import JobStatus
+from backend.service import AnalysisService, ServiceError
+from backend.study_cost import StudyShape, cheaper_study_methods, estimate_study_cost
+from backend.study_schemas import (
+    StudyCost,
+    StudyCreate,
+    StudyJob,
+    StudyJobPrompt,
+    StudyPartPublic,
+    StudyPublic,
+)
+from backend.vocabulary import SamplerKind, format_method, is_on_policy, parse_method
+
+MASKS_NAME = "masks.safetensors"
+STUDY_KIND = "study"
+PART_KIND = "study_part"
+REFERENCE_DISTRIBUTIONS = 2  # the Fisher under the model and under the uniform sampler, at each prompt
+
+
+def part_id(study_id: str, prompt_index: int) -> str:
+    """The status record of one prompt's part (hex, like every id the store keeps)."""
+    return hashlib.sha256(f"{study_id}:part:{prompt_index}".encode()).hexdigest()
+
+
+def masks_path(study_dir: Path) -> Path:
+    return study_dir / MASKS_NAME
+
+
+class StudyService:
+    """Studies beside analyses: same store, queue, models and limits."""
+
+    def __init__(self, analyses: AnalysisService) -> None:
+        self.analyses = analyses
+        self.settings = analyses.settings
+        self.store = analyses.store
+        self.queue = analyses.queue
+
+    def normalize(self, create: StudyCreate) -> tuple[StudyJob, StudyShape]:
+        """Tokenize and canonicalize ``create``; every bad content is a 4xx naming the prompt."""
+        info, codec = self.analyses.resolve_model(create.model)
+        if create.sampler.kind == SamplerKind.data:
+            raise RequestError(
+                "a study samples its responses: use sampler.kind 'model' or 'uniform', not 'data'",
+                field="sampler.kind",
+            )
+        if create.reward is not None:
+            try:
+                RewardRule(create.reward.kind, create.reward.pattern)
+            except ValueError as error:
+                raise RequestError(str(error), field="reward.pattern") from None
+            if create.reward.kind == RewardKind.exact and create.reward.pattern is not None:
+                raise RequestError("an exact reward takes no pattern; remove it", field="reward.pattern")
+        limit = self.settings.max_prefix_tokens
+        prompts = []
+        for number, item in enumerate(create.prompts, start=1):
+            where = f"prompts[{number - 1}]"
+            text = check_text(item.prompt, f"{where}.prompt")
+            ids = codec.encode_prefix(text) if text.strip() else []
+            if not ids:
+                raise RequestError(f"prompt {number} is empty; write its text", field=f"{where}.prompt")
+            if len(ids) > limit:
+                raise RequestError(
+                    f"prompt {number} is {len(ids)} tokens, over the limit of {limit}; shorten it",
+                    field=f"{where}.prompt",
+                )
+            target_ids = None
+            if item.target:
+                target_ids = codec.encode_continuation(check_text(item.target, f"{where}.target"))
+            elif create.reward is not None:
+                raise RequestError(
+                    f"prompt {number} has no target; the reward compares each response with it",
+                    field=f"{where}.target",
+                )
+            prompts.append(StudyJobPrompt(input_ids=ids, target=item.target or None, target_ids=target_ids))
+        job = StudyJob(
+            model=create.model,
+            weights_digest=info.digest,
+            dtype=info.dtype,
+            prompts=prompts,
+            samples=create.samples,
+            max_tokens=create.max_tokens,
+            seed=create.seed,
+            sampler=normalize_sampler(create.sampler, codec, has_continuation=False),
+            method=format_method(*parse_method(create.method)),
+            reward=create.reward,
+            q=create.q,
+        )
+        shape = StudyShape(
+            n_params=info.n_params,
+            d_model=info.d_model,
+            prompt_lengths=[len(p.input_ids) for p in prompts],
+            target_tokens=[len(p.input_ids) + len(p.target_ids) for p in prompts if p.target_ids],
+            samples=job.samples,
+            max_tokens=job.max_tokens,
+            sampler_kind=job.sampler.kind,
+            top_k=job.sampler.top_k,
+            on_policy=is_on_policy(
+                job.sampler.kind,
+                job.sampler.temperature,
+                job.sampler.top_k,
+                job.sampler.top_p,
+                job.sampler.engine,
+            ),
+            references=REFERENCE_DISTRIBUTIONS,
+            references_everywhere=False,
+        )
+        return job, shape
+
+    def submit(self, create: StudyCreate) -> tuple[StudyPublic, int]:
+        """200 with the finished study when cached, else 202; parts that failed are queued again."""
+        job, shape = self.normalize(create)
+        cost = estimate_study_cost(shape, job.method, self.settings.flops_per_second)
+        if cost.flops > self.settings.budget_flops:
+            offers = ", ".join(cheaper_study_methods(shape, self.settings.budget_flops)) or "none"
+            raise RequestError(
+                f"this study is estimated at {cost.flops / 1e12:.1f} TFLOP (~{cost.seconds:.0f} s), over the "
+                f"budget of {self.settings.cost_budget_tflop:g} TFLOP; use fewer prompts, samples or "
+                f"tokens, or a cheaper method ({offers})",
+                field="method",
+            )
+        study_id = job.key()
+        meta = self.store.checked_meta(study_id)
+        if meta is None or meta["status"] == JobStatus.failed:  # new, or its reduction failed
+            queued = {
+                "kind": STUDY_KIND,
+                "status": JobStatus.queued.value,
+                "progress": 0.0,
+                "stage": None,
+                "error": None,
+                "request": job.model_dump(mode="json"),
+                "cost": StudyCost(flops=cost.flops, seconds=cost.seconds).model_dump(),
+                "created": time.time(),
+            }
+            if self.store.claim(study_id, queued):
+                self._enqueue_parts(study_id, job)
+        elif meta["status"] != JobStatus.done:
+            self._enqueue_parts(study_id, job)  # only parts that failed are queued again
+        public = self.get(study_id)
+        return public, 200 if public.status == JobStatus.done else 202
+
+    def _enqueue_parts(self, study_id: str, job: StudyJob) -> None:
+        payload = job.model_dump(mode="json")
+        for index in range(len(job.prompts)):
+            record = part_id(study_id, index)
+            part = self.store.checked_meta(record)
+            if part is not None and part["status"] == JobStatus.done:
+                continue  # a retried study runs only the prompts that did not finish
+            queued = {"kind": PART_KIND, "status": JobStatus.queued.value, "progress": 0.0, "stage": None}
+            if self.store.claim(record, {**queued, "error": None, "study": study_id, "prompt_index": index}):
+                self.queue.enqueue(
+                    STUDY_PART_FUNCTION,
+                    {"study": payload, "prompt_index": index},
+                    record,
+                    retries=STUDY_PART_RETRIES,
+                )
+
+    def _meta(self, study_id: str) -> dict:
+        meta = self.store.checked_meta(study_id)
+        if meta is None or meta.get("kind") != STUDY_KIND:
+            raise ServiceError(404, f"no study with id {study_id!r}; POST /api/v1/studies first")
+        return meta
+
+    def get(self, study_id: str) -> StudyPublic:
+        meta = self._meta(study_id)
+        job = StudyJob.model_validate(meta["request"])
+        parts = []
+        for index in range(len(job.prompts)):
+            part = self.store.checked_meta(part_id(study_id, index)) or {"status": JobStatus.queued.value}
+            parts.append(
+                StudyPartPublic(
+                    prompt_index=index,
+                    status=part["status"],
+                    progress=part.get("progress") or 0.0,
+                    stage=part.get("stage"),
+                    error=part.get("error"),
+                )
+            )
+        status, error = _study_status(meta, parts)
+        summary = None
+        if status == JobStatus.done:
+            summary_json = self.store.get_summary_json(study_id)
+            if summary_json is None:
+                status, error = JobStatus.failed, "the stored summary expired; POST the study again"
+            else:
+                summary = loads(summary_json)
+        progress = 1.0 if status == JobStatus.done else sum(p.progress for p in parts) / max(len(parts), 1)
+        return StudyPublic(
+            id=study_id,
+            status=status,
+            progress=min(progress, 1.0),
+            parts=parts,
+            request=job,
+            cost=meta.get("cost"),
+            error=error,
+            summary=summary,
+        )
+
+    def masks(self, study_id: str) -> Path:
+        """The masks file of a finished study (404 before, with what to do)."""
+        meta = self._meta(study_id)
+        if meta["status"] != JobStatus.done:
+            raise ServiceError(409, f"study {study_id} is {meta['status']}; its masks come when it is done")
+        path = masks_path(self.settings.study_dir(study_id))
+        if not path.is_file():
+            raise ServiceError(404, f"the masks file of study {study_id} is gone; POST the study again")
+        return path
+
+
+def _study_status(meta: dict, parts: list[StudyPartPublic]) -> tuple[JobStatus, str | None]:
+    """Done or failed as the reduction left it; before that, what the parts say (no part writes the
+    study's own record, so parts finishing together never overwrite each other)."""
+    status = JobStatus(meta["status"])
+    if status in (JobStatus.done, JobStatus.failed):
+        return status, meta.get("error")
+    failed = [p for p in parts if p.status == JobStatus.failed]
+    if failed:
+        first = failed[0]
+        return JobStatus.failed, (
+            f"prompt {first.prompt_index + 1} failed: {first.error}; POST the study again to retry the "
+            f"{len(failed)} failed part(s)"
+        )
+    if any(p.status != JobStatus.queued for p in parts) or meta.get("stage") == "reduce":
+        return JobStatus.running, None
+    return JobStatus.queued, None

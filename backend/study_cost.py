@@ -1,0 +1,98 @@
+"""Cost of a study before it runs (torch-free, like ``backend.cost``), an upper bound: every response
+is counted at its longest, L tokens.
+
+Why not ``backend.cost.estimate_flops`` per response: it prices an analysis, which off the policy also
+forms the Fisher under p (d more directions per position); a study's exact pass needs the directions of
+C_mu and one for the mean shift, computes a context shared by several responses once (the prompt
+itself always), and adds the score backward passes of its estimators and the reference Fisher at the
+prompts. Each part is about 2 P flop per context token and direction, as in DESIGN.md 3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from backend.vocabulary import MethodName, SamplerKind, parse_method
+
+CHEAPER_METHODS = ("truncated:0.5", "truncated:0.25", "truncated:0.1", "mc:64", "mc:16")
+
+
+@dataclass(frozen=True)
+class StudyShape:
+    """Sizes the cost depends on."""
+
+    n_params: int
+    d_model: int
+    prompt_lengths: Sequence[int]
+    target_tokens: Sequence[int]  # prompt plus target length, for each prompt with a target
+    samples: int
+    max_tokens: int
+    sampler_kind: str
+    top_k: int | None
+    on_policy: bool
+    references: int  # reference distributions compared (0 or 2: model and uniform)
+    references_everywhere: bool
+
+
+@dataclass(frozen=True)
+class StudyCost:
+    flops: float
+    seconds: float
+    exact_flops: float
+    reference_flops: float
+    score_flops: float
+    sampling_flops: float
+    directions_per_position: int
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "upper_bound": True}
+
+
+def method_directions(method: str, rank_bound: int) -> int:
+    """Directions of a second moment of rank <= ``rank_bound`` under ``method``."""
+    name, fraction, samples = parse_method(method)
+    if name == MethodName.truncated:
+        assert fraction is not None
+        return max(1, math.ceil(fraction * rank_bound))
+    if name == MethodName.mc:
+        assert samples is not None
+        return samples
+    return rank_bound
+
+
+def estimate_study_cost(shape: StudyShape, method: str, flops_per_second: float) -> StudyCost:
+    p, d = shape.n_params, shape.d_model
+    k, length = shape.samples, shape.max_tokens
+    top_k = shape.top_k if shape.sampler_kind == SamplerKind.model else None
+    rank = max(1, min(d, top_k - 1)) if top_k is not None else d
+    per_position = method_directions(method, rank) + (0 if shape.on_policy else 1)
+    reference_directions = method_directions(method, d) * shape.references
+    exact = reference = score = sampling = 0.0
+    for x in shape.prompt_lengths:
+        # the prompt once, then K responses' later positions: contexts of x + 1 .. x + L - 1 tokens
+        contexts = [x] + [x + t for t in range(1, length)] * k
+        exact += sum(2.0 * p * tokens * (per_position + 1) for tokens in contexts)
+        reference_tokens = sum(contexts) if shape.references_everywhere else x
+        reference += 2.0 * p * reference_tokens * reference_directions
+        score += k * 6.0 * p * (x + length)  # one forward and backward per response's score
+        sampling += k * 2.0 * p * (x + length)  # one cached forward per drawn token
+    score += sum(6.0 * p * tokens for tokens in shape.target_tokens)  # the empirical Fisher's scores
+    flops = exact + reference + score + sampling
+    return StudyCost(
+        flops=flops,
+        seconds=flops / max(flops_per_second, 1.0),
+        exact_flops=exact,
+        reference_flops=reference,
+        score_flops=score,
+        sampling_flops=sampling,
+        directions_per_position=per_position,
+    )
+
+
+def cheaper_study_methods(shape: StudyShape, budget_flops: float) -> list[str]:
+    """Methods whose study would fit the budget, cheapest last."""
+    return [
+        method for method in CHEAPER_METHODS if estimate_study_cost(shape, method, 1.0).flops <= budget_flops
+    ]

@@ -1,0 +1,53 @@
+"""HTTP routes of /api/v1/studies: thin handlers over `StudyService`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, JSONResponse
+
+from backend.routes import ERRORS
+from backend.studies import StudyService
+from backend.study_schemas import StudyCreate, StudyPublic
+
+
+def get_studies(request: Request) -> StudyService:
+    return request.app.state.studies
+
+
+Studies = Annotated[StudyService, Depends(get_studies)]
+StudyId = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="study id, 64 hex characters")]
+
+studies = APIRouter(prefix="/api/v1", responses=ERRORS)
+
+
+@studies.post(
+    "/studies",
+    response_model=StudyPublic,
+    status_code=202,
+    responses={200: {"model": StudyPublic, "description": "finished (served from the cache)"}},
+)
+def create_study(create: StudyCreate, service: Studies) -> Response:
+    """Queue a study, one job per prompt over every running worker (202), or answer it from the cache."""
+    public, status = service.submit(create)
+    return JSONResponse(public.model_dump(mode="json"), status_code=status)
+
+
+@studies.get("/studies/{study_id}", response_model=StudyPublic)
+def read_study(study_id: StudyId, service: Studies) -> StudyPublic:
+    """Status, progress per prompt, and when done the summary (estimators, masks, the paper's statistics)."""
+    return service.get(study_id)
+
+
+@studies.get(
+    "/studies/{study_id}/masks",
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "the masks file"}},
+)
+def download_masks(study_id: StudyId, service: Studies) -> FileResponse:
+    """Every mask density in one safetensors file: `q<q>/<param name>`, uint8, 1 = trainable."""
+    path = service.masks(study_id)
+    return FileResponse(
+        path, media_type="application/octet-stream", filename=f"fisher-masks-{study_id[:12]}.safetensors"
+    )

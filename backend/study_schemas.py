@@ -1,0 +1,140 @@
+"""Wire schemas of studies: what a person sends (`StudyCreate`), what the workers run (`StudyJob`).
+
+Why a job of its own: a study is many analyses' worth of work split over workers, prompt by prompt;
+`StudyJob` is tokenized and canonical, so its hash is the study's id and cache key, and every part a
+worker runs reads the same object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from backend.rewards import RewardKind
+from backend.schemas import ENGINE_VERSION, JobSampler, JobStatus, SamplerSpec
+from backend.vocabulary import parse_method
+
+DEFAULT_MASK_FRACTIONS = (0.001, 0.01, 0.05)
+
+
+class StudyPrompt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(..., min_length=1, max_length=20_000)
+    target: str | None = Field(default=None, max_length=20_000, description="what a reward compares with")
+
+
+class StudyReward(BaseModel):
+    """1 for a response that matches its prompt's target, else 0."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: RewardKind
+    pattern: str | None = Field(
+        default=None,
+        max_length=1_000,
+        description="regex only: searched in the response, '{target}' stands for the escaped target",
+    )
+
+
+class StudyCreate(BaseModel):
+    """Body of POST /api/v1/studies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1, max_length=128)
+    prompts: list[StudyPrompt] = Field(..., min_length=1, max_length=256)
+    samples: int = Field(default=2, ge=1, le=64, description="K responses per prompt")
+    max_tokens: int = Field(default=16, ge=1, le=256, description="L: at most this many tokens each")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="same seed, same responses")
+    sampler: SamplerSpec = Field(default_factory=lambda: SamplerSpec())
+    method: str = Field("exact", max_length=64, description="exact | truncated:F | mc:S")
+    reward: StudyReward | None = None
+    q: list[float] = Field(
+        default_factory=lambda: list(DEFAULT_MASK_FRACTIONS),
+        min_length=1,
+        max_length=8,
+        description="mask densities, each in (0, 1)",
+    )
+
+    @field_validator("method")
+    @classmethod
+    def _method_is_known(cls, method: str) -> str:
+        parse_method(method)
+        return method
+
+    @field_validator("q")
+    @classmethod
+    def _densities(cls, q: list[float]) -> list[float]:
+        if any(not 0 < value < 1 for value in q):
+            raise ValueError(f"every mask density must be in (0, 1); got {q}")
+        return sorted(set(q))
+
+
+class StudyJobPrompt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input_ids: list[int]
+    target: str | None = None
+    target_ids: list[int] | None = None
+
+
+class StudyJob(BaseModel):
+    """The normalized study; its canonical JSON's hash is the study id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    weights_digest: str
+    dtype: str = "float32"
+    prompts: list[StudyJobPrompt]
+    samples: int
+    max_tokens: int
+    seed: int
+    sampler: JobSampler
+    method: str
+    reward: StudyReward | None = None
+    q: list[float]
+    engine_version: str = ENGINE_VERSION
+
+    @model_validator(mode="after")
+    def _reward_has_targets(self) -> StudyJob:
+        if self.reward is not None and any(not p.target for p in self.prompts):
+            raise ValueError("a reward compares each response with its prompt's target; give every target")
+        return self
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        return hashlib.sha256(("study:" + self.canonical_json()).encode("utf-8")).hexdigest()
+
+
+class StudyPartPublic(BaseModel):
+    prompt_index: int
+    status: JobStatus
+    progress: float = Field(0.0, ge=0.0, le=1.0)
+    stage: str | None = None
+    error: str | None = None
+
+
+class StudyCost(BaseModel):
+    flops: float
+    seconds: float
+    upper_bound: bool = True
+
+
+class StudyPublic(BaseModel):
+    """GET /api/v1/studies/{id} and the answers of POST."""
+
+    id: str
+    status: JobStatus
+    progress: float = Field(0.0, ge=0.0, le=1.0, description="mean of the parts' progress")
+    parts: list[StudyPartPublic] = Field(default_factory=list, description="one per prompt")
+    request: StudyJob
+    cost: StudyCost | None = None
+    error: str | None = None
+    summary: dict[str, Any] | None = Field(default=None, description="the study summary when done")

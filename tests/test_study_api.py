@@ -1,0 +1,136 @@
+"""Studies through the service: embedded end to end, two real Redis workers against one, bad input.
+
+The part-and-reduce path must give the same study whatever the number of workers: parts are one
+prompt each and the reducer adds them in prompt order, so the sums are equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+from fastapi.testclient import TestClient
+from safetensors.torch import load
+
+from backend.main import create_app
+from backend.settings import Settings
+from tests.test_redis_e2e import ensure_tiny, start_worker, stop_worker
+from workers.serve import embedded_api
+
+REDIS_URL = "redis://127.0.0.1:6379/13"
+QUEUE = "fisherscope-study-test"
+BODY = {
+    "model": "tiny-random",
+    "prompts": [
+        {"prompt": "Two plus three is", "target": " five"},
+        {"prompt": "She drank a cup of", "target": " tea"},
+        {"prompt": "The capital of France is", "target": " Paris"},
+    ],
+    "samples": 2,
+    "max_tokens": 3,
+    "seed": 5,
+    "sampler": {"top_k": 8},
+    "reward": {"kind": "regex", "pattern": "{target}"},
+    "q": [0.01, 0.05],
+}
+
+
+def wait_study(client: TestClient, study_id: str, timeout_s: float = 300) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = client.get(f"/api/v1/studies/{study_id}")
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        if body["status"] in ("done", "failed"):
+            return body
+        assert time.monotonic() < deadline, f"study still {body['status']}: {body['parts']}"
+        time.sleep(0.1)
+
+
+def _masks(client: TestClient, study_id: str) -> dict[str, torch.Tensor]:
+    answer = client.get(f"/api/v1/studies/{study_id}/masks")
+    assert answer.status_code == 200, answer.text
+    return load(answer.content)
+
+
+def test_a_study_through_the_embedded_service(tmp_path: Path) -> None:
+    ensure_tiny()
+    settings = Settings(results_dir=tmp_path / "results", studies_dir=tmp_path / "studies")
+    client = TestClient(embedded_api(settings))
+    first = client.post("/api/v1/studies", json=BODY)
+    assert first.status_code == 202, first.text
+    study = wait_study(client, first.json()["id"])
+    assert study["status"] == "done", study["error"]
+    assert [p["status"] for p in study["parts"]] == ["done"] * 3
+    summary = study["summary"]
+    responses = summary["responses"]
+    assert len(responses) == 6 and {r["prompt_index"] for r in responses} == {0, 1, 2}
+    assert all(1 <= len(r["continuation_ids"]) <= 3 for r in responses)
+    masks = _masks(client, study["id"])
+    n_params = summary["counts"]["n_params"]
+    for q in (0.01, 0.05):  # exactly ceil(q P) trainable coordinates per density
+        ones = sum(int(t.sum()) for key, t in masks.items() if key.startswith(f"q{q:g}/"))
+        assert ones == math.ceil(q * n_params)
+    assert not any(settings.study_dir(study["id"]).glob("part-*"))  # reduced parts are removed
+    again = client.post("/api/v1/studies", json=BODY)  # the cache: nothing new runs
+    assert again.status_code == 200 and again.json()["summary"] == summary
+
+
+@pytest.mark.slow
+def test_two_redis_workers_give_the_one_worker_study(tmp_path: Path) -> None:
+    ensure_tiny()
+    connection = redis.Redis.from_url(REDIS_URL)
+    results = {}
+    for n_workers in (1, 2):
+        connection.flushdb()
+        studies = tmp_path / f"studies-{n_workers}"
+        settings = Settings(redis_url=REDIS_URL, queue_name=QUEUE, studies_dir=studies)
+        client = TestClient(create_app(settings))
+        workers = [
+            start_worker(tmp_path / "exports", REDIS_URL, QUEUE, {"FISHERSCOPE_STUDIES_DIR": str(studies)})
+            for _ in range(n_workers)
+        ]
+        try:
+            posted = client.post("/api/v1/studies", json=BODY)
+            assert posted.status_code == 202, posted.text
+            study = wait_study(client, posted.json()["id"])
+        finally:
+            for worker in workers:
+                stop_worker(worker)
+        assert study["status"] == "done", study["error"]
+        results[n_workers] = (study, _masks(client, study["id"]))
+    (one, one_masks), (two, two_masks) = results[1], results[2]
+    assert one["id"] == two["id"]
+    assert one["summary"]["responses"] == two["summary"]["responses"]
+    assert one["summary"]["totals"] == two["summary"]["totals"]  # same order of addition: equal
+    assert one_masks.keys() == two_masks.keys()
+    assert all(torch.equal(one_masks[key], two_masks[key]) for key in one_masks)
+
+
+def test_bad_studies_are_refused_with_what_to_fix(tmp_path: Path) -> None:
+    ensure_tiny()
+    client = TestClient(embedded_api(Settings(results_dir=tmp_path / "results", studies_dir=tmp_path / "s")))
+
+    def refused(change: dict, status: int, words: str) -> None:
+        answer = client.post("/api/v1/studies", json={**BODY, **change})
+        assert answer.status_code == status, answer.text
+        assert words in answer.json()["detail"], answer.json()["detail"]
+
+    refused({"prompts": []}, 422, "prompts")
+    refused({"prompts": [{"prompt": "   "}], "reward": None}, 422, "prompt 1 is empty")
+    refused({"prompts": [{"prompt": "a " * 400}], "reward": None}, 422, "over the limit")
+    refused({"prompts": [{"prompt": "Hi", "answer": "x"}]}, 422, "answer")
+    refused({"prompts": [{"prompt": "Hi"}]}, 422, "prompt 1 has no target")
+    refused({"reward": {"kind": "regex", "pattern": "("}}, 422, "not a regex")
+    refused({"sampler": {"kind": "data", "data_token": " tea"}}, 422, "samples its responses")
+    refused({"method": "mc:1"}, 422, "method")
+    refused({"q": [0.0]}, 422, "(0, 1)")
+    refused({"model": "../etc"}, 422, "model")
+    missing = client.get("/api/v1/studies/" + "0" * 64)
+    assert missing.status_code == 404 and "POST /api/v1/studies" in missing.json()["detail"]
+    assert client.get("/api/v1/studies/nothex").status_code == 422
+    assert client.get("/api/v1/studies/" + "0" * 64 + "/masks").status_code == 404

@@ -1,0 +1,291 @@
+"""``fisherscope study``: the Fisher of a prompt set over sampled responses, Fisher masks, the paper's
+statistics, from a JSONL prompt file to a mask file and a summary (DESIGN.md 7).
+
+Why every check comes first: a study runs for minutes to hours, so the prompt file, the options and the
+cost are checked before the model loads, each mistake reported as one line (exit code 2), and nothing
+is written unless every output is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from workers.commands.common import UsageError, quiet_transformers
+from workers.commands.options import add_model_options, add_sampler_options
+
+SAMPLER_KINDS = ("model", "uniform")  # a study samples its responses: no data sampler
+STUDY_EPILOG = """\
+prompt file: one JSON object per line, {"prompt": TEXT, "target": TEXT}; target is optional (the
+  expected response: the empirical Fisher's data, and what a reward compares with).
+outputs: --masks holds one uint8 tensor per density and parameter, 'q<q>/<name>', 1 = among the top q
+  of all coordinates by the study's exact sequence Fisher F (trainable); --summary the per-prompt
+  totals, every response's ids, the estimators against F, the masks' shares per tensor, layer and
+  module kind, and the paper's statistics on this model; --save the arrays 'F/', 'U/', 'M/'.
+"""
+
+
+def add_study_parser(commands) -> None:
+    study = commands.add_parser(
+        "study",
+        help="Fisher of a prompt set over sampled responses, Fisher masks, the paper's statistics",
+        epilog=STUDY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    study.add_argument("--model", required=True, help="catalog id or a local Hugging Face model folder")
+    study.add_argument("--prompts", required=True, type=Path, metavar="FILE.jsonl", help="the prompt file")
+    study.add_argument("--samples", type=int, default=4, metavar="K", help="responses per prompt (default 4)")
+    study.add_argument(
+        "--max-tokens", type=int, default=16, metavar="L", help="tokens per response at most (default 16)"
+    )
+    study.add_argument("--seed", type=int, default=0, help="same seed, same responses (default 0)")
+    add_sampler_options(study, SAMPLER_KINDS)
+    reward = study.add_mutually_exclusive_group()
+    reward.add_argument(
+        "--reward-exact", action="store_true", help="reward 1 when a response equals its prompt's target"
+    )
+    reward.add_argument(
+        "--reward-regex",
+        default=None,
+        metavar="PATTERN",
+        help="reward 1 when PATTERN matches the response; {target} stands for the target, escaped "
+        "(e.g. '^\\s*{target}\\b')",
+    )
+    study.add_argument(
+        "--q", default="0.001,0.01,0.05", metavar="Q,...", help="mask densities (default 0.001,0.01,0.05)"
+    )
+    study.add_argument(
+        "--compare-uniform",
+        choices=["prompts", "responses", "none"],
+        default="prompts",
+        help="where to compute the Fisher under the model and under uniform (d directions each; "
+        "default: at the prompts)",
+    )
+    study.add_argument("--chat-template", action="store_true", help="wrap each prompt in the chat template")
+    study.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="refuse longer prompts (default: the service limit)",
+    )
+    study.add_argument("--masks", required=True, type=Path, metavar="OUT.safetensors", help="the mask file")
+    study.add_argument("--summary", required=True, type=Path, metavar="OUT.json", help="the summary JSON")
+    study.add_argument(
+        "--save", type=Path, default=None, metavar="OUT.safetensors", help="write F/, U/, M/ and the ids"
+    )
+    study.add_argument(
+        "--max-cost-tflop",
+        type=float,
+        default=None,
+        help="refuse above this estimate (default: the service budget)",
+    )
+    add_model_options(study)
+
+
+def study_spec(args: argparse.Namespace):
+    """The StudySpec of the arguments (bad values become UsageError naming the option)."""
+    from backend.rewards import RewardKind, RewardRule
+    from backend.vocabulary import EngineKind, SamplerKind
+    from workers.fisher.sampler import SamplerConfig
+    from workers.studies.spec import CompareAt, StudySpec
+
+    try:
+        fractions = tuple(float(q) for q in args.q.split(","))
+    except ValueError:
+        raise UsageError(
+            f"--q: {args.q!r} is not a comma-separated list of numbers, e.g. 0.001,0.01"
+        ) from None
+    reward = None
+    try:
+        if args.reward_exact:
+            reward = RewardRule(RewardKind.exact)
+        elif args.reward_regex is not None:
+            reward = RewardRule(RewardKind.regex, args.reward_regex)
+    except ValueError as error:
+        raise UsageError(f"--reward-regex: {error}") from None
+    try:
+        sampler = SamplerConfig(
+            kind=SamplerKind(args.sampler),
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            engine=EngineKind(args.engine),
+        )
+        return StudySpec(
+            sampler,
+            samples=args.samples,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            method=args.method,
+            reward=reward,
+            fractions=fractions,
+            compare_at=CompareAt(args.compare_uniform),
+            chat_template=args.chat_template,
+        )
+    except ValueError as error:
+        raise UsageError(" ".join(str(error).split())) from None
+
+
+def _check_outputs(args: argparse.Namespace) -> list[Path]:
+    outputs = [args.masks, args.summary] + ([args.save] if args.save is not None else [])
+    if len({path.resolve() for path in outputs}) != len(outputs):
+        raise UsageError("--masks, --summary and --save must be three different files")
+    for path in outputs:
+        if not path.parent.is_dir():
+            raise UsageError(f"cannot write {path}: the folder {path.parent} does not exist")
+    return outputs
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from workers.studies.prompts import PromptFileError, read_prompts, require_targets
+
+    spec = study_spec(args)
+    outputs = _check_outputs(args)
+    try:
+        prompts = read_prompts(args.prompts)
+        if spec.reward is not None:
+            require_targets(
+                args.prompts, prompts, "the reward compares each response with its prompt's target"
+            )
+    except PromptFileError as error:
+        raise UsageError(str(error)) from None
+    if args.tf32:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = True
+    from workers.commands.analyze import _resolve_model
+
+    info, codec, loaded = _resolve_model(args)
+    encoded = _encode(args, prompts, codec)
+    cost = _checked_cost(args, info, spec, encoded)
+    if loaded is None:
+        quiet_transformers()
+        from workers.models.loading import load_model
+
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    part = _run_with_progress(loaded, spec, encoded)
+    from workers.studies.files import atomic_outputs, write_arrays, write_masks, write_summary
+    from workers.studies.runner import model_meta
+    from workers.studies.summary import finish_study
+
+    finished = finish_study(part, spec, model_meta(loaded), cost.to_dict())
+    with atomic_outputs(outputs) as temporaries:
+        write_masks(temporaries[0], finished, part, spec)
+        write_summary(temporaries[1], finished.summary)
+        if args.save is not None:
+            write_arrays(temporaries[2], part)
+    print(
+        f"wrote masks to {args.masks} and the summary to {args.summary}"
+        + (f"; arrays to {args.save}" if args.save else "")
+    )
+    from workers.studies.report import format_study
+
+    print(format_study(finished.summary))
+    return 0
+
+
+def _encode(args: argparse.Namespace, prompts, codec):
+    from backend.settings import get_settings
+    from workers.studies.prompts import PromptFileError, encode_prompts
+
+    encode_prompt = codec.encode_prefix
+    if args.chat_template:
+        template = _chat_template(args.model)
+        encode_prompt = lambda text: codec.encode_continuation(template(text))  # noqa: E731
+    limit = args.max_prompt_tokens or get_settings().max_prefix_tokens
+    try:
+        return encode_prompts(args.prompts, prompts, encode_prompt, codec.encode_continuation, limit)
+    except PromptFileError as error:
+        raise UsageError(str(error)) from None
+
+
+def _chat_template(model: str):
+    """text -> the chat template's text of one user turn, ready for the assistant's response."""
+    from backend.registry import BUILTIN, model_dir, registered_ids
+
+    quiet_transformers()
+    from transformers import AutoTokenizer
+
+    source = str(model_dir(model)) if model in BUILTIN or model in registered_ids() else model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as error:
+        raise UsageError(f"--chat-template: cannot load the tokenizer of {model}: {error}") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError(f"--chat-template: {model} has no chat template; drop the option")
+
+    def apply(text: str) -> str:
+        messages = [{"role": "user", "content": text}]
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    return apply
+
+
+def _checked_cost(args: argparse.Namespace, info, spec, encoded):
+    """The estimate, printed; refused over the budget with the methods that would fit."""
+    from backend.settings import get_settings
+    from backend.study_cost import StudyShape, cheaper_study_methods, estimate_study_cost
+    from workers.throughput import matmul_rate
+
+    shape = StudyShape(
+        n_params=info.n_params,
+        d_model=info.d_model,
+        prompt_lengths=[len(p.input_ids) for p in encoded],
+        target_tokens=[len(p.input_ids) + len(p.target_ids) for p in encoded if p.target_ids],
+        samples=spec.samples,
+        max_tokens=spec.max_tokens,
+        sampler_kind=spec.sampler.kind,
+        top_k=spec.sampler.top_k,
+        on_policy=spec.sampler.is_on_policy,
+        references=len(spec.references),
+        references_everywhere=spec.compare_at == "responses",
+    )
+    rate = matmul_rate(args.device)
+    cost = estimate_study_cost(shape, spec.method, rate)
+    print(
+        f"estimated cost (upper bound): {cost.flops / 1e12:.3g} TFLOP, ~{cost.seconds:.3g} s at "
+        f"{rate / 1e9:.0f} GFLOP/s on {args.device}; {cost.directions_per_position} directions per position"
+    )
+    budget = args.max_cost_tflop if args.max_cost_tflop is not None else get_settings().cost_budget_tflop
+    if cost.flops > budget * 1e12:
+        offers = ", ".join(cheaper_study_methods(shape, budget * 1e12)) or "none"
+        hint = (
+            "; --compare-uniform none saves the reference Fisher"
+            if cost.reference_flops > 0.3 * cost.flops
+            else ""
+        )
+        raise UsageError(
+            f"estimated {cost.flops / 1e12:.3g} TFLOP is over the budget of {budget:g} TFLOP "
+            f"(--max-cost-tflop); cheaper --method choices: {offers}{hint}"
+        )
+    return cost
+
+
+def _run_with_progress(loaded, spec, encoded):
+    """The study over every prompt, with a tqdm bar on stderr."""
+    from tqdm import tqdm
+
+    from backend.settings import get_settings
+    from workers.studies.runner import run_study_part, study_model_of
+
+    study_model = study_model_of(loaded, spec)
+    with tqdm(
+        total=100,
+        desc="study",
+        unit="%",
+        file=sys.stderr,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}",
+    ) as bar:
+
+        def progress(stage: str, fraction: float) -> None:
+            bar.set_description_str(f"study [{stage}]", refresh=False)
+            bar.update(max(0, round(100 * min(max(fraction, 0.0), 1.0)) - bar.n))
+
+        return run_study_part(
+            study_model,
+            spec,
+            encoded,
+            memory_budget_bytes=get_settings().engine_memory_bytes,
+            progress=progress,
+        )

@@ -1,0 +1,278 @@
+"""Run a study over any subset of its prompts (a *part*), and add parts up.
+
+Why parts: a study's sums are sums over prompts, and every response's draw depends only on (seed,
+prompt index, response index), so a study split over workers, prompt by prompt, and merged with
+``merge_parts`` gives the same responses and the same sums (to float rounding) as one run.
+
+Per prompt: draw K responses from mu; fold the exact F, M and squared shifts of every position into the
+running sums (``workers.fisher.study``); then one backward per response for its score d log pi(y|x)/dtheta,
+squared into the Monte Carlo Fisher and weighted by its reward minus the prompt's mean reward into the
+policy gradient; and one per target for the empirical Fisher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from backend.vocabulary import EngineKind
+from workers.fisher.position import HeadLayout
+from workers.fisher.response import log_likelihood_gradient
+from workers.fisher.sampling import sample_continuation, stop_ids
+from workers.fisher.study import StudyStat, StudySums, add_prompt_fisher
+from workers.models.loading import LoadedModel
+from workers.studies.prompts import EncodedPrompt
+from workers.studies.spec import CompareAt, StudySpec
+
+Progress = Callable[[str, float], None]  # (stage, fraction of the part done)
+
+
+@dataclass
+class StudyModel:
+    """The model as a study uses it: weights, text of a response, where responses stop."""
+
+    model: nn.Module
+    decode: Callable[[list[int]], str]  # response text without special tokens (what rewards read)
+    stop_ids: set[int]
+    engine_model: nn.Module | None = None  # the bf16 engine, when the sampler uses it
+
+
+@dataclass
+class ResponseRecord:
+    prompt_index: int
+    response_index: int
+    seed: int
+    input_ids: list[int]
+    continuation_ids: list[int]
+    text: str
+    reward: float | None
+    totals: dict[str, float]  # fisher and uncentered summed over this response's positions
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PromptRecord:
+    prompt_index: int
+    line: int
+    n_tokens: int
+    target: str | None
+    rewards: list[float] | None
+    totals: dict[str, float]  # over the prompt's K responses
+    compared: dict[str, float]  # Fisher totals under the sampler and the references, where compared
+    contexts: int
+    directions: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class StudyPart:
+    """The sums and records of some prompts; ``merge_parts`` adds parts of disjoint prompts."""
+
+    sums: StudySums
+    head_name: str
+    embedding_name: str
+    responses: list[ResponseRecord] = field(default_factory=list)
+    prompts: list[PromptRecord] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage: sampling, fisher, scores
+
+
+def study_model_of(loaded: LoadedModel, spec: StudySpec) -> StudyModel:
+    """A loaded model as a study uses it (the bf16 engine only when the sampler reads its logits)."""
+    return StudyModel(
+        loaded.model,
+        lambda ids: loaded.tokenizer.decode(list(ids), skip_special_tokens=True),
+        stop_ids(loaded.model),
+        loaded.bf16() if spec.sampler.engine == EngineKind.bf16 else None,
+    )
+
+
+def model_meta(loaded: LoadedModel) -> dict:
+    """What the summary records of the model: identity and sizes."""
+    info = loaded.info
+    return {
+        "id": info.id,
+        "digest": info.digest,
+        "n_params": info.n_params,
+        "d_model": info.d_model,
+        "vocab_size": info.vocab_size,
+        "architecture": info.architecture,
+        "dtype": info.dtype,
+    }
+
+
+def run_study_part(
+    study_model: StudyModel,
+    spec: StudySpec,
+    prompts: Sequence[EncodedPrompt],
+    *,
+    memory_budget_bytes: int,
+    progress: Progress | None = None,
+) -> StudyPart:
+    """Sample, compute and sum the study over ``prompts`` (any subset of the study's prompts)."""
+    model = study_model.model
+    layout = HeadLayout.of(model)
+    part = StudyPart(StudySums.of(model), layout.head_name, layout.embedding_name)
+    report = progress or (lambda stage, fraction: None)
+    for done, prompt in enumerate(prompts):
+
+        def within(stage: str, fraction: float, done: int = done) -> None:
+            report(stage, (done + fraction) / len(prompts))
+
+        _run_prompt(study_model, spec, prompt, part, memory_budget_bytes, within)
+    report("done", 1.0)
+    return part
+
+
+def _timed(part: StudyPart, stage: str, started: float) -> float:
+    now = time.perf_counter()
+    part.seconds[stage] = part.seconds.get(stage, 0.0) + now - started
+    return now
+
+
+def _run_prompt(
+    study_model: StudyModel,
+    spec: StudySpec,
+    prompt: EncodedPrompt,
+    part: StudyPart,
+    memory_budget_bytes: int,
+    progress: Progress,
+) -> None:
+    """One prompt's responses, exact pass, scores and records (progress 0-0.1 sampling, 0.1-0.9 the
+    exact pass, 0.9-1 scores)."""
+    model = study_model.model
+    prompt_ids = torch.tensor(prompt.input_ids, dtype=torch.long, device=next(model.parameters()).device)
+    started = time.perf_counter()
+    seeds = [spec.response_seed(prompt.index, r) for r in range(spec.samples)]
+    responses = _draw(study_model, spec, prompt_ids, seeds, lambda f: progress("sampling", 0.1 * f))
+    texts = [study_model.decode(response) for response in responses]
+    rewards = None
+    if spec.reward is not None:
+        assert prompt.target is not None  # checked when the prompts were read
+        rewards = [spec.reward.score(text, prompt.target) for text in texts]
+    started = _timed(part, "sampling", started)
+    fisher = add_prompt_fisher(
+        part.sums,
+        model,
+        prompt_ids,
+        responses,
+        spec.sampler,
+        spec.method_config(),
+        study_model.engine_model,
+        seed=derived_prompt_seed(spec, prompt.index),
+        references=spec.references,
+        references_everywhere=spec.compare_at == CompareAt.responses,
+        memory_budget_bytes=memory_budget_bytes,
+        progress=lambda fraction: progress("fisher", 0.1 + 0.8 * fraction),
+    )
+    started = _timed(part, "fisher", started)
+    _add_scores(part.sums, model, prompt_ids, responses, rewards, lambda f: progress("scores", 0.9 + 0.1 * f))
+    if prompt.target_ids:
+        target = torch.tensor(prompt.target_ids, dtype=torch.long, device=prompt_ids.device)
+        part.sums.add_square(StudyStat.empirical_fisher, log_likelihood_gradient(model, prompt_ids, target))
+        part.sums.targets += 1
+    part.sums.responses += len(responses)
+    _timed(part, "scores", started)
+    part.responses += [
+        ResponseRecord(
+            prompt.index,
+            r,
+            seeds[r],
+            list(prompt.input_ids),
+            list(response),
+            texts[r],
+            None if rewards is None else rewards[r],
+            fisher.response_totals[r],
+        )
+        for r, response in enumerate(responses)
+    ]
+    part.prompts.append(
+        PromptRecord(
+            prompt.index,
+            prompt.line,
+            len(prompt.input_ids),
+            prompt.target,
+            rewards,
+            {key: sum(t[key] for t in fisher.response_totals) for key in ("fisher", "uncentered")},
+            fisher.compared,
+            fisher.contexts,
+            fisher.directions,
+        )
+    )
+
+
+def _draw(
+    study_model: StudyModel,
+    spec: StudySpec,
+    prompt_ids: torch.Tensor,
+    seeds: list[int],
+    progress: Callable[[float], None],
+) -> list[list[int]]:
+    """One response per seed, from mu (the bf16 engine's logits when the sampler uses them)."""
+    responses = []
+    for r, seed in enumerate(seeds):
+        responses.append(
+            sample_continuation(
+                study_model.model,
+                prompt_ids,
+                spec.sampler,
+                seed,
+                spec.max_tokens,
+                study_model.stop_ids,
+                study_model.engine_model,
+            )
+        )
+        progress((r + 1) / len(seeds))
+    return responses
+
+
+def derived_prompt_seed(spec: StudySpec, prompt_index: int) -> int:
+    """Seed of a prompt's Monte Carlo directions (a method ``mc:S``); distinct from its responses' seeds."""
+    return spec.response_seed(prompt_index, -1)
+
+
+def _add_scores(
+    sums: StudySums,
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    responses: list[list[int]],
+    rewards: list[float] | None,
+    progress: Callable[[float], None],
+) -> None:
+    """Monte Carlo Fisher += score^2 per response; policy gradient += (r - mean r) score."""
+    mean_reward = None if rewards is None else sum(rewards) / len(rewards)
+    for r, response in enumerate(responses):
+        ids = torch.tensor(response, dtype=torch.long, device=prompt_ids.device)
+        score = log_likelihood_gradient(model, prompt_ids, ids)
+        sums.add_square(StudyStat.mc_fisher, score)
+        if rewards is not None and mean_reward is not None:
+            # added even when zero, so the policy gradient exists (as zeros) whenever there is a reward
+            sums.add(StudyStat.policy_gradient, score, rewards[r] - mean_reward)
+        del score
+        progress((r + 1) / len(responses))
+
+
+def merge_parts(parts: Sequence[StudyPart]) -> StudyPart:
+    """One part for all: sums added (into the first part's arrays), records ordered by prompt."""
+    if not parts:
+        raise ValueError("no parts to merge")
+    merged = parts[0]
+    for other in parts[1:]:
+        merged.sums.merge(other.sums)
+        merged.responses += other.responses
+        merged.prompts += other.prompts
+        for stage, seconds in other.seconds.items():
+            merged.seconds[stage] = merged.seconds.get(stage, 0.0) + seconds
+    indices = [p.prompt_index for p in merged.prompts]
+    if len(set(indices)) != len(indices):
+        raise ValueError("two parts cover the same prompt; a study's parts must cover disjoint prompts")
+    merged.prompts.sort(key=lambda p: p.prompt_index)
+    merged.responses.sort(key=lambda r: (r.prompt_index, r.response_index))
+    return merged
