@@ -15,7 +15,15 @@ API_PREFIX = "/api/v1"
 
 
 class ApiError(Exception):
-    """A request the API refused or could not answer; `str()` is a sentence for the person."""
+    """A request the API refused or could not answer; `str()` is a sentence for the person.
+
+    `status`: the HTTP status of a refusal (None when the API did not answer), so a caller can tell "not
+    ready yet, ask again" (409) from "wrong" (4xx) without reading the sentence.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def readable_detail(response: httpx.Response) -> str:
@@ -50,7 +58,7 @@ class ApiClient:
         except httpx.HTTPError as error:
             raise ApiError(f"the API at {self.base_url} did not answer ({type(error).__name__})") from error
         if response.status_code >= 400:
-            raise ApiError(readable_detail(response))
+            raise ApiError(readable_detail(response), response.status_code)
         return response
 
     def submit(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -60,6 +68,19 @@ class ApiClient:
     def analysis(self, analysis_id: str) -> dict[str, Any]:
         """Status, progress, stage, request and (when done) the summary as `result`."""
         return self.request("GET", f"/analyses/{quote(analysis_id, safe='')}").json()
+
+    def overview(self, analysis_id: str) -> dict[str, Any]:
+        """A finished summary with only `positions[0]` whole, and `position_index` listing every position:
+        what the slides draw, no larger for a long response than for a prefix."""
+        return self.request("GET", f"/analyses/{quote(analysis_id, safe='')}/overview").json()
+
+    def position(self, analysis_id: str, index: int) -> dict[str, Any]:
+        """One analysed position's whole summary (p and mu, spectrum, output layer, totals)."""
+        return self.request("GET", f"/analyses/{quote(analysis_id, safe='')}/positions/{int(index)}").json()
+
+    def compare(self, a: str, b: str) -> dict[str, Any]:
+        """Two finished analyses side by side: {a, b, sets (overlap, Jaccard, chance), tensors}."""
+        return self.request("GET", "/compare", params={"a": a, "b": b}).json()
 
     def pooled(
         self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64

@@ -1,8 +1,9 @@
 """The Dash app: one instance, with every callback registered on it by `frontend.callbacks`.
 
-The URL query string is the whole state (frontend.state); the API is reached only through
-`frontend.api_client`; figures and slides are pure functions of the summary JSON, so the centering toggle
-and slide steps never ask the API for anything.
+The URL query string is the whole state (frontend.state); the browser holds analysis ids and view state,
+never a summary (frontend.handles). The callbacks read what a figure needs by id through
+`frontend.summaries` (the API's answers, kept by id), and figures and slides are pure functions of that
+JSON, so the centering toggle and slide steps ask the API nothing after the first drawing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import dash
 
 from frontend import layout
 from frontend.api_client import ApiClient
-from frontend.callbacks import explorer, exports, run, slides, state
+from frontend.callbacks import compare, explorer, exports, run, slides, state
+from frontend.summaries import Summaries
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -32,9 +34,11 @@ def create_dash_app(
         suppress_callback_exceptions=True,
     )
     app.layout = layout.page()
-    state.register(app, api)
-    run.register(app, api)
-    slides.register(app)
-    explorer.register(app, api)
-    exports.register(app, api, public)
+    summaries = Summaries(api)
+    state.register(app, api, summaries)
+    run.register(app, api, summaries)
+    slides.register(app, summaries)
+    explorer.register(app, summaries)
+    exports.register(app, api, public, summaries)
+    compare.register(app, api, summaries)
     return app

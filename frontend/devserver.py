@@ -49,18 +49,25 @@ def free_port() -> int:
 
 @contextmanager
 def embedded_service(
-    results_dir: Path, exports_dir: Path, port: int = 0, start_timeout_s: float = 120.0
+    results_dir: Path,
+    exports_dir: Path,
+    port: int = 0,
+    start_timeout_s: float = 120.0,
+    landing_analysis: bool = True,
 ) -> Iterator[str]:
     """`fisherscope serve` (embedded mode, no Redis) on 127.0.0.1:port (0: a free one), yielding its URL.
 
     Results and exports go to the given folders, so a run never touches the user's own; the process is
-    terminated on leaving the block, also when the start-up wait fails.
+    terminated on leaving the block, also when the start-up wait fails. `landing_analysis=False`: serve
+    does not queue the first page's example at start (its one worker would run nothing else for a
+    minute on a CPU); a page that opens the landing still computes it, once, when it asks.
     """
     port = port or free_port()
     env = {
         **os.environ,
         "FISHERSCOPE_RESULTS_DIR": str(results_dir),
         "FISHERSCOPE_EXPORTS_DIR": str(exports_dir),
+        "FISHERSCOPE_LANDING_ANALYSIS": "true" if landing_analysis else "false",
     }
     env.pop("REDIS_URL", None)
     env.pop("FISHERSCOPE_REDIS_URL", None)
@@ -87,6 +94,19 @@ def wait_for_health(process: subprocess.Popen, url: str, timeout_s: float) -> No
             pass
         time.sleep(0.5)
     raise ServiceDidNotStart(f"the embedded service did not answer {url}/healthz within {timeout_s:.0f} s")
+
+
+def wait_until_ready(url: str, timeout_s: float = 300.0) -> None:
+    """Wait for /readyz: 200 once serve's preload of the default model is done. Until then a job that
+    loads a model races the preload in transformers' loader (both fail), so nothing is asked before."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = httpx.get(f"{url}/readyz", timeout=10)
+        if answer.status_code == 200:
+            return
+        if time.monotonic() > deadline:
+            raise ServiceDidNotStart(f"{url} was not ready within {timeout_s:.0f} s: {answer.text[:200]}")
+        time.sleep(0.5)
 
 
 def launch_chromium(playwright: Playwright) -> Browser:

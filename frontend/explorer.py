@@ -21,6 +21,7 @@ from frontend.plots import (
     all_zero_figure,
     kind_color,
     layer_label,
+    log_tickvals,
     message_figure,
     response_labels,
     small_title,
@@ -33,8 +34,12 @@ RESPONSE_SERIES = {"fisher": "fisher_total", "uncentered": "uncentered_total", "
 
 
 def next_token(summary: Summary, position_index: int = 0) -> go.Figure:
-    """The model's p against the sampler's mu for the top next tokens."""
-    position = summary["positions"][position_index]
+    """The model's p against the sampler's mu for the top next tokens at one position of the summary."""
+    return position_next_token(summary["positions"][position_index])
+
+
+def position_next_token(position: dict[str, Any]) -> go.Figure:
+    """The model's p against the sampler's mu for the top next tokens of one position's summary."""
     top = position["p"]["top"]
     labels = unique_token_labels(top)
     fig = go.Figure()
@@ -43,9 +48,7 @@ def next_token(summary: Summary, position_index: int = 0) -> go.Figure:
     fig.update_layout(
         **{**LAYOUT, "margin": {**LAYOUT["margin"], "b": 90}},
         barmode="group",
-        title=small_title(
-            f"next token after {position['context_length']} tokens: p against μ (top {len(top)})"
-        ),
+        title=small_title(f"next token after {position['context_length']} tokens (top {len(top)})"),
         yaxis_title="probability",
         xaxis_tickangle=-45,
         legend={"orientation": "h", "y": 1.02, "x": 1, "xanchor": "right", "yanchor": "bottom"},
@@ -56,7 +59,12 @@ def next_token(summary: Summary, position_index: int = 0) -> go.Figure:
 def spectrum(summary: Summary, position_index: int = 0) -> go.Figure:
     """Eigenvalues of C_mu (log scale) and of the uncentered matrix, with the numerical rank and the rank
     bound n - 1 (n = tokens mu can draw) marked. Slide 7 shows the first position."""
-    spec = summary["positions"][position_index]["spectrum"]
+    return position_spectrum(summary["positions"][position_index], position_index)
+
+
+def position_spectrum(position: dict[str, Any], position_index: int) -> go.Figure:
+    """The C_mu spectrum of one position's summary (`position_index` counts from 0, shown from 1)."""
+    spec = position["spectrum"]
     eigenvalues = spec["eigenvalues"]
     if not eigenvalues or max(eigenvalues) <= 0:
         return message_figure(
@@ -75,6 +83,7 @@ def spectrum(summary: Summary, position_index: int = 0) -> go.Figure:
         **LAYOUT,
         title=small_title(f"C_μ spectrum at position {position_index + 1}; {bound_note}"),
         xaxis_title="eigenvalue index (1 = largest)",
+        xaxis_range=[0, len(eigenvalues) + 1],  # the marks' labels must not stretch the axis below 0
         yaxis_title="eigenvalue (log scale)",
         yaxis_type="log",
         yaxis_tickformat=LOG_TICKS["tickformat"],
@@ -137,7 +146,7 @@ def response_view(summary: Summary, centering: str) -> go.Figure:
     """Along the response: the toggle's totals and running sum, p(y_t) and chi^2 per position."""
     response = summary.get("response")
     if not response:
-        return message_figure("No continuation: add one to see the along-the-response view.")
+        return message_figure("No continuation: type or Sample one to see the along-the-response view.")
     label, per_position, running = response_series(summary, centering)
     labels = response_labels(summary)
     fig = make_subplots(
@@ -155,8 +164,9 @@ def response_view(summary: Summary, centering: str) -> go.Figure:
     fig.add_trace(go.Scatter(x=labels, y=running, name="running sum", mode="lines+markers"), 1, 1)
     fig.add_trace(go.Bar(x=labels, y=response["p_target"], name="p(y_t)", marker_color="#2ca02c"), 2, 1)
     fig.add_trace(go.Bar(x=labels, y=response["chi2"], name="χ²_t", marker_color="#d62728"), 3, 1)
-    fig.update_yaxes(type="log", title_text="p (log)", **LOG_TICKS, row=2, col=1)
-    fig.update_yaxes(type="log", title_text="χ² (log)", **LOG_TICKS, row=3, col=1)
+    for row, values, title in ((2, response["p_target"], "p (log)"), (3, response["chi2"], "χ² (log)")):
+        ticks = {"tickmode": "array", "tickvals": log_tickvals(values)}
+        fig.update_yaxes(type="log", title_text=title, **LOG_TICKS, **ticks, row=row, col=1)
     fig.update_layout(**{**LAYOUT, "height": 620}, legend={"orientation": "h", "y": -0.12})
     return fig
 

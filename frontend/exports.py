@@ -1,10 +1,13 @@
-"""What the export buttons hand out that the dashboard writes itself: the per-tensor totals as CSV.
+"""What the export buttons hand out that the dashboard writes itself: small tables as CSV.
 
-The full per-parameter arrays (safetensors) are written by the worker and downloaded from the API
-(`ApiClient.arrays_url`); only this small table is formed in the browser's session, from the summary.
+The per-tensor totals of one analysis, and the compare view of two. The full per-parameter arrays
+(safetensors) are written by the worker and downloaded from the API (`ApiClient.arrays_url`); these
+tables are formed on the dashboard's server from the overview and the compare the API returns.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from frontend.plots import Summary
 
@@ -20,4 +23,32 @@ def tensor_totals_csv(summary: Summary) -> str:
         lines.append(
             ",".join([tensor["name"], str(tensor["layer"]), tensor["kind"], str(tensor["numel"]), *values])
         )
+    return "\n".join(lines) + "\n"
+
+
+COMPARE_CSV_FILENAME = "fisherscope_compare.csv"
+COMPARE_STATS = ("fisher", "uncentered", "raw")
+
+
+def compare_csv(compare: dict[str, Any], labels: tuple[str, str]) -> str:
+    """The compare view as CSV: two tables, each after a '#' line that says what it is, a blank line
+    between them (pandas: `read_csv(..., comment="#", nrows=...)`, or split on the blank line).
+
+    First every tensor's totals in A and in B; then the top-q sets by centered Fisher: overlap
+    |A∩B|/|A| and Jaccard |A∩B|/|A∪B|, each beside its chance value for independent random sets.
+    """
+    lines = [
+        f"# fisherscope compare: A = {compare['a']} ({labels[0]}); B = {compare['b']} ({labels[1]})",
+        "# per tensor: the total of each statistic in A and in B",
+        ",".join(["name", "layer", "kind", *(f"{side}_{stat}" for stat in COMPARE_STATS for side in "ab")]),
+    ]
+    for tensor in compare["tensors"]:
+        values = [repr(tensor[side][stat]) for stat in COMPARE_STATS for side in "ab"]
+        lines.append(",".join([tensor["name"], str(tensor["layer"]), tensor["kind"], *values]))
+    sets = compare["sets"]
+    lines += ["", "# top-q sets by the centered Fisher, against independent random sets of density q"]
+    keys = ["overlap", "chance_overlap", "jaccard", "chance_jaccard"]
+    lines.append(",".join(["q", *keys]))
+    for i, q in enumerate(sets["q"]):
+        lines.append(",".join([repr(q), *(repr(sets[key][i]) for key in keys)]))
     return "\n".join(lines) + "\n"

@@ -1,24 +1,19 @@
-"""The dashboard's page: controls on the left, the slide in the middle, the explorer below.
+"""The dashboard's page: controls on the left, the slide in the middle, the explorer and the compare
+panel below.
 
-Only components and their ids live here; what they do is in `frontend.callbacks`.
+Only components and their ids live here; what they do is in `frontend.callbacks`. The stores hold ids
+and view state only (`frontend.handles`), never a summary.
 """
 
 from __future__ import annotations
 
 from dash import dcc, html
 
-from frontend.state import CENTERINGS, ENGINES, SAMPLER_KINDS, DashboardState
+from frontend.compare_layout import compare_panel
+from frontend.components import GRAPH_CONFIG, labelled
+from frontend.state import CENTERINGS, ENGINES, MAX_SAMPLE_TOKENS, SAMPLER_KINDS, DashboardState
 
-# typed with dcc.Graph's own TypedDict, so a misspelt option or a wrong export format is a type error
-GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 CENTERING_LABELS = {"on": "centered (Fisher)", "off": "uncentered", "raw": "raw"}
-
-
-def labelled(label: str, component, hint: str | None = None) -> html.Div:
-    children = [html.Label(label, className="control-label"), component]
-    if hint:
-        children.append(html.Div(hint, className="control-hint"))
-    return html.Div(children, className="control")
 
 
 def controls(default: DashboardState) -> html.Div:
@@ -59,12 +54,41 @@ def text_controls(default: DashboardState) -> list:
                 id="continuation", type="text", value="", placeholder=" coffee and", className="text-input"
             ),
         ),
+        *sample_controls(default),
     ]
 
 
 def number_input(id: str, value, **options) -> dcc.Input:
     """A small number field (temperature, top-k, top-p); `options` are its limits and placeholder."""
     return dcc.Input(id=id, type="number", value=value, className="num-input", **options)
+
+
+def sample_controls(default: DashboardState) -> list:
+    """Instead of typing a continuation: draw one from the sampler (same seed, same response)."""
+    return [
+        html.Div(
+            className="row sample-row",
+            children=[
+                labelled(
+                    "Sample: tokens",
+                    number_input(
+                        "sample_tokens", default.sample_tokens, min=1, max=MAX_SAMPLE_TOKENS, step=1
+                    ),
+                ),
+                labelled(
+                    "seed", number_input("sample_seed", default.sample_seed, min=0, step=1, placeholder="0")
+                ),
+                html.Button("Sample", id="sample", n_clicks=0, className="sample-button"),
+            ],
+        ),
+        html.Div(
+            "draws a response y ~ μ from the sampler below, up to the end of sequence; "
+            "same seed, same response",
+            className="control-hint",
+        ),
+        html.Div(id="continuation-caption", className="control-hint continuation-caption"),
+        html.Div(id="continuation-chips", className="chips"),
+    ]
 
 
 def sampler_controls(default: DashboardState) -> list:
@@ -197,6 +221,21 @@ def exports() -> html.Div:
     )
 
 
+# The two analyses on the page: the main one ("A") and the compare panel's ("B").
+SIDES = ("analysis", "b-analysis")
+
+
+def analysis_stores(side: str) -> list:
+    """An analysis's handle, a poll's answer (accepted only while it answers the current request), what
+    there is to draw (id and kept share), and the poll timer."""
+    return [
+        dcc.Store(id=side),
+        dcc.Store(id=f"{side}-polled"),
+        dcc.Store(id=f"{side}-view"),
+        dcc.Interval(id=f"{side}-poll", interval=500, disabled=True),
+    ]
+
+
 def page() -> html.Div:
     default = DashboardState()
     return html.Div(
@@ -205,11 +244,9 @@ def page() -> html.Div:
             dcc.Location(id="url", refresh=False),
             dcc.Location(id="url-out", refresh=False),
             dcc.Store(id="slide", data=1),
-            dcc.Store(id="analysis-id"),
-            dcc.Store(id="summary"),
+            *[store for side in SIDES for store in analysis_stores(side)],
             dcc.Store(id="autorun"),
             dcc.Store(id="restored", data=False),
-            dcc.Interval(id="poll", interval=500, disabled=True),
             html.Header(
                 className="header",
                 children=[
@@ -220,6 +257,7 @@ def page() -> html.Div:
                 ],
             ),
             html.Div(id="message", className="message", role="alert"),
+            html.Div(id="landing-note", className="landing-note"),
             html.Div(
                 className="progress",
                 children=[
@@ -231,7 +269,7 @@ def page() -> html.Div:
                 className="main",
                 children=[
                     controls(default),
-                    html.Div([slide_panel(), exports(), explorer()], className="content"),
+                    html.Div([slide_panel(), exports(), explorer(), compare_panel()], className="content"),
                 ],
             ),
         ],

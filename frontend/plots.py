@@ -88,9 +88,16 @@ def unique_token_labels(tokens: list[dict[str, Any]]) -> list[str]:
 
 
 def response_labels(summary: Summary) -> list[str]:
-    """One axis label per response position: `t: 'token'`, unique even where token texts repeat."""
+    """One axis label per response position: `t: 'token'`. The position already makes each label
+    unique, so a repeated token (' She' twice) reads as itself; a byte piece (U+FFFD) keeps its id."""
     continuation = summary["tokens"].get("continuation") or []
-    return [f"{t + 1}: {label}" for t, label in enumerate(unique_token_labels(continuation))]
+    labels = []
+    for t, token in enumerate(continuation):
+        label = token_label(str(token["text"]))
+        labels.append(
+            f"{t + 1}: {label} #{token['id']}" if "\ufffd" in label and "id" in token else f"{t + 1}: {label}"
+        )
+    return labels
 
 
 def layer_label(layer: Any) -> str:
@@ -103,11 +110,29 @@ def small_title(text: str) -> dict[str, Any]:
     return {"text": text, "font": {"size": 13}}
 
 
+# what a figure says while only a partial result is in (the exact pass computes it at the end)
+PARTIAL_NOTE = "Computed when the exact analysis finishes: this is a partial result (the largest directions)."
+
+
+def wrapped(text: str, width: int = 64) -> str:
+    """Plotly never wraps an annotation: break a long message at spaces (kept as given if it has breaks)."""
+    if "<br>" in text or len(text) <= width:
+        return text
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "<br>".join([*lines, line])
+
+
 def message_figure(message: str) -> go.Figure:
     """An empty figure that says why there is nothing to plot (e.g. no continuation was given)."""
     fig = go.Figure()
     fig.add_annotation(
-        text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 15}
+        text=wrapped(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 15}
     )
     fig.update_layout(**{**LAYOUT, "height": 300}, xaxis_visible=False, yaxis_visible=False)
     return fig
@@ -143,6 +168,19 @@ def decade_exponents(low: int, high: int, most: int = 10) -> list[int]:
     step = next(step for step in steps if span / step <= most)
     first = math.ceil(low / step) * step
     return list(range(first, high + 1, step))
+
+
+def log_tickvals(values: list[float]) -> list[float]:
+    """Where a log axis over `values` is labelled: 1, 2 and 5 of each decade over a short span (left to
+    itself, Plotly labels every minor tick there and the labels run into each other), whole decades,
+    thinned to at most ten, over a long one."""
+    positive = [value for value in values if value is not None and 0 < value < math.inf]
+    if not positive:
+        return []
+    low, high = math.floor(math.log10(min(positive))), math.ceil(math.log10(max(positive)))
+    if high - low <= 3:
+        return [mantissa * 10.0**k for k in range(low, high + 1) for mantissa in (1, 2, 5)]
+    return [10.0**k for k in decade_exponents(low, high)]
 
 
 def decade_range(log10_values: list[float]) -> tuple[int, int]:

@@ -1,29 +1,42 @@
 """Browser tests in headless Debian Chromium (Playwright, never a downloaded browser).
 
 Against the real service: `fisherscope serve` in embedded mode (`frontend.devserver.embedded_service`,
-model tiny-random) in a subprocess with its own result folder. The test types a prefix, runs, waits for
-the figures, toggles centering, steps slides with the arrow keys, opens the share link in a fresh context
-(nothing recomputed), checks a bad link's message and that no request leaves 127.0.0.1, and saves a
-screenshot of every slide into artifacts/browser/ (not tracked; the committed screenshots of the real
-model come from scripts/screenshots.py).
+models tiny-random and SmolLM2-135M) in a subprocess with its own result folder. Every page is watched
+(`Watch`): no console error, no 4xx/5xx answer to the page's own requests, no request beyond 127.0.0.1,
+and no Dash callback body above a fixed size, however long the analysed response (the browser holds
+ids, never a summary). The tests type and run a continuation, sample one (32 tokens on tiny-random, 16
+on SmolLM2), step every slide, open share links in fresh contexts (nothing recomputed), and compare two
+samplers side by side against the API's own compare and against the top-q sets computed here from the
+API's full arrays. Screenshots of the slides go to artifacts/browser/ (not tracked; the committed
+screenshots of the real model come from scripts/screenshots.py).
 """
 
 from __future__ import annotations
 
+import math
+import re
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import httpx
+import numpy as np
 import pytest
 
-from frontend.devserver import CHROMIUM, embedded_service, launch_chromium
+from backend.vocabulary import LANDING_PREFIX
+from frontend.devserver import CHROMIUM, embedded_service, launch_chromium, wait_until_ready
 from tests.requirements import require
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "browser"
 PREFIX = "She drank a cup of"
 MODEL = "tiny-random"
+VIEWPORT = {"width": 1400, "height": 1000}
+# A Dash callback posts its inputs and states: ids and view state only. The whole summary used to go
+# along (390 KB for a 10-token response, then 413); this bound holds for any length of response.
+MAX_CALLBACK_BODY = 8_000
 
 
 @dataclass
@@ -33,13 +46,23 @@ class Service:
     url: str
     results_dir: Path
 
+    @property
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=f"{self.url}/api/v1", timeout=60)
+
     def computed(self) -> int:
         """Files in the service's result folder: a new analysis writes one, a cache hit none."""
         return sum(1 for path in self.results_dir.rglob("*") if path.is_file())
 
     def engine_runs(self) -> int:
         """The API's own count of engine runs (GET /api/v1/stats); cache hits do not add to it."""
-        return int(httpx.get(f"{self.url}/api/v1/stats", timeout=10).json()["engine_runs"])
+        return int(self.api.get("/stats").json()["engine_runs"])
+
+    def analysis(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The finished analysis of a request the page already ran: a cache hit (200), never a new run."""
+        answer = self.api.post("/analyses", json=body)
+        assert answer.status_code == 200, answer.text[:300]
+        return answer.json()
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +70,67 @@ def service(tmp_path_factory) -> Iterator[Service]:
     require(Path(CHROMIUM).exists(), "Debian chromium (apt-get install chromium)")
     tmp = tmp_path_factory.mktemp("service")
     results = tmp / "results"
-    with embedded_service(results, tmp / "exports") as url:
+    # the tiny-random tests would queue behind SmolLM2's landing analysis in the one worker; the SmolLM2
+    # test opens the landing page, which asks for it then
+    with embedded_service(results, tmp / "exports", landing_analysis=False) as url:
+        wait_until_ready(url)  # no page asks for a model while serve still preloads the default one
         yield Service(url, results)
+
+
+@dataclass
+class Watch:
+    """What a browser context did that it must not: console errors, 4xx/5xx answers to its own
+    requests, requests beyond 127.0.0.1; and the largest Dash callback body it posted."""
+
+    console: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)
+    callback_bodies: list[int] = field(default_factory=list)
+
+    def attach(self, context) -> None:
+        context.on("request", self.on_request)
+        context.on("response", self.on_response)
+        context.on("page", self.on_page)
+
+    def on_page(self, page) -> None:
+        page.on(
+            "console", lambda message: self.console.append(message.text) if message.type == "error" else None
+        )
+        page.on("pageerror", lambda error: self.console.append(f"page error: {error}"))
+
+    def on_request(self, request) -> None:
+        if not request.url.startswith(("http://127.0.0.1", "data:", "blob:")):
+            self.outside.append(request.url)
+        if "_dash-update-component" in request.url:
+            self.callback_bodies.append(len(request.post_data_buffer or b""))
+
+    def on_response(self, response) -> None:
+        if response.status >= 400:
+            self.failed.append(f"{response.status} {response.request.method} {response.url}")
+
+    def check(self) -> None:
+        assert self.console == [], self.console
+        assert self.failed == [], self.failed
+        assert self.outside == [], self.outside
+        assert 0 < max(self.callback_bodies, default=0) <= MAX_CALLBACK_BODY, max(self.callback_bodies)
+
+
+@pytest.fixture
+def browser():
+    import playwright.sync_api as playwright_api  # a declared dev dependency: never skipped
+
+    with playwright_api.sync_playwright() as playwright:
+        chromium = launch_chromium(playwright)
+        yield chromium
+        chromium.close()
+
+
+def open_page(browser, watch: Watch, url: str):
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    watch.attach(context)
+    page = context.new_page()
+    page.goto(url)
+    return page
 
 
 def slide_values(page) -> dict[str, float]:
@@ -69,6 +151,20 @@ def wait_for_reading(page, timeout_ms: int = 240_000) -> None:
         "() => (document.querySelector('#slide-reading')?.innerText || '').trim().length > 20",
         timeout=timeout_ms,
     )
+
+
+def wait_until_done(page, caption: str = "", timeout_ms: int = 240_000) -> None:
+    """The analysis the page waits for is finished and drawn: its stage is done (or cached), the slide
+    has its reading, and the continuation's caption (what the analysed response is) contains `caption`."""
+    page.wait_for_function(
+        """(caption) => (document.querySelector('#progress-stage')?.innerText === 'failed')
+            || (['done', 'cached'].includes(document.querySelector('#progress-stage')?.innerText || '')
+                && (document.querySelector('#continuation-caption')?.innerText || '').includes(caption)
+                && (document.querySelector('#slide-reading')?.innerText || '').trim().length > 20)""",
+        arg=caption,
+        timeout=timeout_ms,
+    )
+    assert page.inner_text("#progress-stage") != "failed", page.inner_text("#message")
 
 
 def wait_for_restore(page) -> None:
@@ -92,11 +188,77 @@ def go_to_slide(page, number: int) -> None:
 
 
 def plotted(page, graph_id: str) -> list[dict[str, Any]]:
-    """The traces (name, x, y) of a Plotly graph in the page."""
+    """The traces (name, type, x, y, z) of a Plotly graph in the page."""
     return page.evaluate(
         f"""() => (document.querySelector('#{graph_id} .js-plotly-plot')?.data || [])
-            .map(t => ({{name: t.name || '', x: Array.from(t.x || []), y: Array.from(t.y || [])}}))"""
+            .map(t => ({{name: t.name || '', type: t.type || 'scatter', x: Array.from(t.x || []),
+                         y: Array.from(t.y || []), z: t.z || null}}))"""
     )
+
+
+def has_points(traces: list[dict[str, Any]]) -> bool:
+    """A drawn figure: some trace with points (a message figure has none, only its annotation)."""
+    return any(trace["y"] or trace["z"] for trace in traces)
+
+
+def check_every_slide(page, screenshots: Path | None = None) -> None:
+    """Each slide draws a figure from the analysis (not a message) and a reading with its numbers."""
+    for number in range(1, 11):
+        go_to_slide(page, number)
+        page.wait_for_function(
+            "() => (document.querySelector('#slide-graph .js-plotly-plot')?.data || []).length > 0",
+            timeout=30_000,
+        )
+        wait_for_reading(page, 30_000)
+        assert has_points(plotted(page, "slide-graph")), f"slide {number} drew no figure"
+        if screenshots:
+            page.wait_for_timeout(300)
+            page.locator(".slide").screenshot(path=str(screenshots / f"slide_{number:02d}.png"))
+
+
+def check_along_the_response(page, service: Service, analysis_id: str, length: int) -> None:
+    """Slide 4's bars are the per-position Fisher totals the API reports, one per response token."""
+    go_to_slide(page, 4)
+    wait_for_reading(page, 30_000)
+    bars = next(trace for trace in plotted(page, "slide-graph") if trace["type"] == "bar")
+    positions = [service.api.get(f"/analyses/{analysis_id}/positions/{t}").json() for t in range(length)]
+    assert bars["y"] == [position["totals"]["fisher"] for position in positions]
+    overview = service.api.get(f"/analyses/{analysis_id}/overview").json()
+    assert bars["y"] == overview["response"]["fisher_total"]
+    assert len(overview["positions"]) == 1 and len(overview["position_index"]) == length
+
+
+def sampled_request(
+    model: str, seed: int, tokens: int, method: str = "exact", **sampler: Any
+) -> dict[str, Any]:
+    """The POST body the page sends for a response sampled from the prefix with these settings."""
+    return {
+        "model": model,
+        "prefix": PREFIX,
+        "continuation_sample": {"seed": seed, "max_tokens": tokens},
+        "sampler": {
+            "kind": "model",
+            "temperature": 1.0,
+            "top_k": None,
+            "top_p": 1.0,
+            "engine": "model",
+            **sampler,
+        },
+        "reward": {},
+        "method": method,
+    }
+
+
+def sample(page, seed: int, tokens: int, timeout_ms: int = 240_000) -> None:
+    page.fill("#sample_tokens", str(tokens))
+    page.fill("#sample_seed", str(seed))
+    page.click("#sample")
+    wait_until_done(page, f"sampled response, seed {seed}:", timeout_ms)
+
+
+def response_chip_ids(page) -> list[int]:
+    titles = page.eval_on_selector_all("#continuation-chips .chip", "chips => chips.map(c => c.title)")
+    return [int(title.removeprefix("id ")) for title in titles]
 
 
 def check_explorer(page) -> None:
@@ -128,6 +290,20 @@ def check_explorer(page) -> None:
     )
 
 
+def check_later_positions(page, service: Service, analysis_id: str) -> None:
+    """Picking a later position draws that position's next-token view, as the API reports it."""
+    page.locator("#explorer-position").click()
+    page.get_by_role("option", name=re.compile(r"^3: after \d+ tokens")).click()
+    position = service.api.get(f"/analyses/{analysis_id}/positions/2").json()
+    page.wait_for_function(
+        "(n) => (document.querySelector('#next-token-graph .gtitle')?.textContent || '')"
+        ".includes(`after ${n} tokens`)",
+        arg=position["context_length"],
+        timeout=30_000,
+    )
+    assert plotted(page, "next-token-graph")[1]["y"] == [token["mu"] for token in position["p"]["top"]]
+
+
 def check_arrays_download(page) -> None:
     """'Prepare' polls the safetensors route until the file exists, then offers the link."""
     page.click("#arrays-prepare")
@@ -139,88 +315,239 @@ def check_arrays_download(page) -> None:
     assert page.locator("#arrays-link").is_visible()
 
 
-def record_outside_requests(context, outside: list[str]) -> None:
-    """Append to `outside` every request the browser context sends beyond 127.0.0.1 (data: and blob:
-    URLs stay in the page): the dashboard must load nothing from the internet."""
-    context.on(
-        "request",
-        lambda request: (
-            outside.append(request.url)
-            if not request.url.startswith(("http://127.0.0.1", "data:", "blob:"))
-            else None
-        ),
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dashboard_in_a_real_browser(service: Service, browser):
+    watch = Watch()
+    page = open_page(browser, watch, f"{service.url}/?model={MODEL}&temperature=0.7")  # off-policy
+    wait_for_restore(page)
+    wait_until_done(page)  # no prefix in the link: the landing example runs first
+    assert page.input_value("#prefix") == LANDING_PREFIX
+    assert "type your own prefix" in page.inner_text("#landing-note")
+    page.fill("#prefix", PREFIX)
+    page.fill("#continuation", " coffee and")
+    page.wait_for_selector("#token-chips .chip")
+    assert page.locator("#token-chips .chip").count() >= 4
+    page.click("#run")
+    wait_until_done(page, "analysed continuation:")
+    assert page.inner_text("#landing-note") == ""
+    assert page.inner_text("#slide-counter") == "1 / 10"
+    page.wait_for_function(
+        "() => document.querySelector('#slide-formula').innerHTML.includes('mjx-container')",
+        timeout=60_000,
     )
+
+    go_to_slide(page, 3)
+    centered = slide_values(page)
+    assert centered
+    page.click("#centering label:has-text('uncentered')")
+    page.wait_for_function(
+        "() => document.querySelector('#slide-reading').innerText.includes('Shown: uncentered')"
+    )
+    uncentered = slide_values(page)
+    assert set(uncentered) == set(centered)
+    assert all(uncentered[name] >= centered[name] for name in centered)
+    assert any(uncentered[name] > centered[name] for name in centered)
+    page.click("#centering label:has-text('centered (Fisher)')")
+
+    check_explorer(page)
+    check_arrays_download(page)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    check_every_slide(page, SCREENSHOTS)
+
+    computed_before = service.computed()
+    runs_before = service.engine_runs()
+    assert runs_before >= 1
+    link = page.input_value("#share-link")
+    assert "slide=10" in link and "prefix=She+drank" in link
+    shared = open_page(browser, watch, link)
+    wait_until_done(shared, "analysed continuation:", 30_000)
+    assert shared.input_value("#prefix") == PREFIX
+    assert shared.input_value("#continuation") == " coffee and"
+    assert shared.inner_text("#slide-counter") == "10 / 10"
+    assert shared.inner_text("#progress-stage") == "cached"
+    assert shared.inner_text("#landing-note") == ""
+    assert service.computed() == computed_before
+    assert service.engine_runs() == runs_before  # the API's own counter: nothing computed anew
+    watch.check()
+
+    shared.goto(f"{service.url}/?prefix=x&temperature=0&slide=12&sample_seed=-3")
+    shared.wait_for_selector(".message div")
+    message = shared.inner_text(".message")
+    assert "temperature must be a number > 0" in message
+    assert "slide must be an integer from 1 to 10" in message
+    assert "sample_seed must be an integer >= 0" in message
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_dashboard_in_a_real_browser(service: Service):
-    import playwright.sync_api as playwright_api  # a declared dev dependency: never skipped
+def test_a_sampled_response_draws_every_slide(service: Service, browser):
+    """32 tokens drawn from tiny-random: the chips are the API's response, every slide draws, slide 4 is
+    the API's per-position totals, and no callback body is larger than for a 5-token prefix."""
+    watch = Watch()
+    page = open_page(browser, watch, f"{service.url}/?model={MODEL}&prefix={PREFIX}")
+    wait_until_done(page)
+    prefix_bodies = len(watch.callback_bodies)
+    page.fill("#continuation", " tea")
+    sample(page, seed=5, tokens=32)
+    assert page.input_value("#continuation") == ""  # sampling replaces the typed continuation
+    query = parse_qs(urlparse(page.url).query)
+    assert (query["sample_seed"], query["sample_tokens"]) == (["5"], ["32"])
+    runs = service.engine_runs()
+    analysis = service.analysis(sampled_request(MODEL, 5, 32))
+    drawn = analysis["request"]["continuation_ids"]
+    assert 0 < len(drawn) <= 32 and analysis["request"]["continuation_sample"] is None
+    assert response_chip_ids(page) == drawn
+    check_every_slide(page)
+    check_along_the_response(page, service, analysis["id"], len(drawn))
+    check_later_positions(page, service, analysis["id"])
+    assert service.engine_runs() == runs
+    watch.check()
+    before, after = watch.callback_bodies[:prefix_bodies], watch.callback_bodies[prefix_bodies:]
+    # 32 response tokens post back no more than a 5-token prefix did (give or take the typed seed's digits)
+    assert max(after) <= max(before) + 64, (max(before), max(after))
 
-    outside: list[str] = []
-    with playwright_api.sync_playwright() as playwright:
-        browser = launch_chromium(playwright)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        record_outside_requests(context, outside)
-        page = context.new_page()
-        page.goto(f"{service.url}/?model={MODEL}&temperature=0.7")  # off-policy: mean shift > 0
-        wait_for_restore(page)
-        page.fill("#prefix", PREFIX)
-        page.fill("#continuation", " coffee and")
-        page.wait_for_selector("#token-chips .chip")
-        assert page.locator("#token-chips .chip").count() >= 4
-        page.click("#run")
-        wait_for_reading(page)
-        assert page.inner_text("#slide-counter") == "1 / 10"
-        page.wait_for_function(
-            "() => document.querySelector('#slide-formula').innerHTML.includes('mjx-container')",
-            timeout=60_000,
-        )
 
-        go_to_slide(page, 3)
-        centered = slide_values(page)
-        assert centered
-        page.click("#centering label:has-text('uncentered')")
-        page.wait_for_function(
-            "() => document.querySelector('#slide-reading').innerText.includes('Shown: uncentered')"
-        )
-        uncentered = slide_values(page)
-        assert set(uncentered) == set(centered)
-        assert all(uncentered[name] >= centered[name] for name in centered)
-        assert any(uncentered[name] > centered[name] for name in centered)
-        page.click("#centering label:has-text('centered (Fisher)')")
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_share_link_with_a_seed_reopens_the_same_response(service: Service, browser):
+    watch = Watch()
+    page = open_page(browser, watch, f"{service.url}/?model={MODEL}&prefix={PREFIX}&temperature=0.8")
+    wait_until_done(page)
+    sample(page, seed=11, tokens=8)
+    drawn = response_chip_ids(page)
+    link = page.input_value("#share-link")
+    assert "sample_seed=11" in link and "sample_tokens=8" in link
+    runs, computed = service.engine_runs(), service.computed()
 
-        check_explorer(page)
-        check_arrays_download(page)
+    shared = open_page(browser, watch, link)  # a fresh context: nothing shared with the first but the link
+    wait_until_done(shared, "sampled response, seed 11:", 60_000)
+    assert response_chip_ids(shared) == drawn
+    assert shared.inner_text("#progress-stage") == "cached"
+    assert shared.input_value("#sample_seed") == "11" and shared.input_value("#continuation") == ""
+    assert (service.engine_runs(), service.computed()) == (runs, computed)
+    assert (
+        service.analysis(sampled_request(MODEL, 11, 8, temperature=0.8))["request"]["continuation_ids"]
+        == drawn
+    )
+    watch.check()
 
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        for number in range(1, 11):
-            go_to_slide(page, number)
-            wait_for_reading(page, 30_000)
-            page.wait_for_timeout(400)
-            page.locator(".slide").screenshot(path=str(SCREENSHOTS / f"slide_{number:02d}.png"))
 
-        computed_before = service.computed()
-        runs_before = service.engine_runs()
-        assert runs_before >= 1
-        link = page.input_value("#share-link")
-        assert "slide=10" in link and "prefix=She+drank" in link
-        fresh = browser.new_context(viewport={"width": 1400, "height": 1000})
-        record_outside_requests(fresh, outside)
-        shared = fresh.new_page()
-        shared.goto(link)
-        wait_for_reading(shared, 30_000)
-        assert shared.input_value("#prefix") == PREFIX
-        assert shared.input_value("#continuation") == " coffee and"
-        assert shared.inner_text("#slide-counter") == "10 / 10"
-        assert shared.inner_text("#progress-stage") == "cached"
-        assert service.computed() == computed_before
-        assert service.engine_runs() == runs_before  # the API's own counter: nothing computed anew
+def top_q_sets(arrays: dict[str, np.ndarray], names: list[str], fractions: list[float]) -> list[set[int]]:
+    """The global top-q coordinates of the Fisher, computed here from the full arrays: ceil(q P) of them,
+    the largest first, ties by coordinate index (tensors in the summary's order, each flattened)."""
+    values = np.concatenate(
+        [np.clip(arrays[f"fisher/{name}"].astype(np.float64).ravel(), 0, None) for name in names]
+    )
+    order = np.argsort(-values, kind="stable")
+    return [set(order[: max(1, math.ceil(q * values.size))].tolist()) for q in fractions]
 
-        shared.goto(f"{service.url}/?prefix=x&temperature=0&slide=12")
-        shared.wait_for_selector(".message div")
-        message = shared.inner_text(".message")
-        assert "temperature must be a number > 0" in message
-        assert "slide must be an integer from 1 to 10" in message
-        browser.close()
-    assert outside == []
+
+def full_arrays(service: Service, analysis_id: str) -> dict[str, np.ndarray]:
+    """Every per-parameter array of an analysis, from the API's safetensors route (202 until written)."""
+    from safetensors.numpy import load
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        answer = service.api.get(f"/analyses/{analysis_id}/safetensors")
+        if answer.status_code == 200:
+            return load(answer.content)
+        assert answer.status_code == 202, answer.text[:300]
+        time.sleep(0.5)
+    raise AssertionError(f"the arrays of {analysis_id} were not written within 300 s")
+
+
+def overlap_in_page(page) -> list[float]:
+    return next(t for t in plotted(page, "compare-sets-graph") if t["name"].startswith("overlap"))["y"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_compare_two_samplers_side_by_side(service: Service, browser, tmp_path):
+    """Temperature 1 against 0.7 on tiny-random: the overlap shown is the API's compare, and equals the
+    overlap of the top-q sets computed here from both analyses' full arrays; the link reopens it all."""
+    watch = Watch()
+    page = open_page(browser, watch, f"{service.url}/?model={MODEL}&prefix={PREFIX}")
+    wait_until_done(page)
+    assert page.get_attribute("#b_temperature", "placeholder") == "as A (1)"
+    page.fill("#b_temperature", "0.7")
+    page.click("#compare-run")
+    page.wait_for_function(
+        "() => (document.querySelector('#compare-sets-graph .js-plotly-plot')?.data || []).length >= 4",
+        timeout=120_000,
+    )
+    query = parse_qs(urlparse(page.url).query)
+    assert query["b_temperature"] == ["0.7"]
+    b_id = query["compare"][0]
+    a_id = service.analysis({"model": MODEL, "prefix": PREFIX})["id"]
+    compare = service.api.get("/compare", params={"a": a_id, "b": b_id}).json()
+    assert overlap_in_page(page) == compare["sets"]["overlap"]
+    reading = page.inner_text("#compare-reading")
+    assert reading.startswith("A: temperature 1 against B: temperature 0.7.")
+    assert page.locator("#compare-sets-table tr").count() == len(compare["sets"]["q"]) + 1
+    scatter = {t["name"]: t for t in plotted(page, "compare-tensors-graph")}
+    assert "y = x" in scatter
+    page.wait_for_function(
+        "() => (document.querySelector('#compare-heatmap-graph .js-plotly-plot')?.data || [])"
+        ".some(t => t.type === 'heatmap')",
+        timeout=60_000,
+    )
+
+    names = [t["name"] for t in service.api.get(f"/analyses/{a_id}/overview").json()["tensors"]]
+    sets_a = top_q_sets(full_arrays(service, a_id), names, compare["sets"]["q"])
+    sets_b = top_q_sets(full_arrays(service, b_id), names, compare["sets"]["q"])
+    assert [len(a & b) / len(a) for a, b in zip(sets_a, sets_b, strict=True)] == compare["sets"]["overlap"]
+    assert [len(a & b) / len(a | b) for a, b in zip(sets_a, sets_b, strict=True)] == compare["sets"][
+        "jaccard"
+    ]
+
+    with page.expect_download() as download:
+        page.click("#compare-csv-button")
+    text = Path(download.value.path()).read_text()
+    set_rows = [line.split(",") for line in text.split("\n\n")[1].splitlines() if not line.startswith("#")][
+        1:
+    ]
+    assert [float(row[1]) for row in set_rows] == compare["sets"]["overlap"]
+    assert text.count("\n") > len(compare["tensors"])
+
+    runs = service.engine_runs()
+    link = page.input_value("#share-link")
+    shared = open_page(browser, watch, link)
+    shared.wait_for_function(
+        "() => (document.querySelector('#compare-sets-graph .js-plotly-plot')?.data || []).length >= 4",
+        timeout=60_000,
+    )
+    assert overlap_in_page(shared) == compare["sets"]["overlap"]
+    assert shared.input_value("#b_temperature") == "0.7"
+    assert service.engine_runs() == runs
+    watch.check()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_sampled_response_on_smollm2(service: Service, browser):
+    """The landing (the essays' example on the default model), then 16 tokens drawn from SmolLM2-135M.
+
+    The response is analysed with `truncated:0.02`, the top 2% of each position's directions (12 of
+    576): the exact method back-propagates all 576 at each of the 16 positions, about ten minutes of
+    this CPU, where every figure, and the equality of slide 4 with the API, reads the same either way.
+    """
+    watch = Watch()
+    page = open_page(browser, watch, f"{service.url}/")
+    wait_for_restore(page)
+    wait_until_done(page, timeout_ms=600_000)  # `fisherscope serve` computes it at start; here, now
+    assert page.input_value("#prefix") == LANDING_PREFIX
+    assert "type your own prefix" in page.inner_text("#landing-note")
+    assert "model=smollm2-135m" in page.url
+    runs = service.engine_runs()
+    again = open_page(browser, watch, f"{service.url}/")  # the next first visit: from the cache
+    wait_until_done(again, timeout_ms=60_000)
+    assert again.inner_text("#progress-stage") == "cached" and service.engine_runs() == runs
+    page.fill("#method", "truncated:0.02")
+    sample(page, seed=0, tokens=16, timeout_ms=600_000)
+    analysis = service.analysis(sampled_request("smollm2-135m", 0, 16, method="truncated:0.02"))
+    drawn = analysis["request"]["continuation_ids"]
+    assert 0 < len(drawn) <= 16 and response_chip_ids(page) == drawn
+    check_every_slide(page)
+    check_along_the_response(page, service, analysis["id"], len(drawn))
+    watch.check()

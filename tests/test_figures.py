@@ -6,6 +6,7 @@ Each slide module owns its figure (`frontend.slides.sNN_*.figure`), the explorer
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import math
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from backend.vocabulary import MODULE_KINDS
-from frontend import explorer, exports, plots
+from frontend import compare_figures, explorer, exports, plots
 from frontend.slides import (
     s01_small_not_sparse,
     s02_gradient_covariance,
@@ -349,3 +350,166 @@ def test_layer_bars_open_that_layers_tensors(summary):
     assert names[: len(matrices)] == matrices  # matrices first, then the norm vectors
     fisher = [by_name[name]["totals"]["fisher"] for name in matrices]
     assert fisher == sorted(fisher, reverse=True)
+
+
+# --- the compare panel: two analyses of the same parameters side by side ---------------------------
+
+
+@pytest.fixture(scope="module")
+def compared(summary, response_summary) -> dict:
+    """GET /compare's answer for A = the T = 0.7 prefix, B = the on-policy response, as the API forms
+    its per-tensor part (backend.compare.tensor_pairs); the sets are a plausible set comparison."""
+    from backend.compare import tensor_pairs
+
+    qs = [0.001, 0.01, 0.05, 0.1]
+    return {
+        "a": "a" * 64,
+        "b": "b" * 64,
+        "sets": {
+            "q": qs,
+            "overlap": [0.62, 0.71, 0.8, 0.85],
+            "jaccard": [0.45, 0.55, 0.67, 0.74],
+            "chance_overlap": qs,
+            "chance_jaccard": [q / (2 - q) for q in qs],
+        },
+        "tensors": tensor_pairs(summary, response_summary),
+    }
+
+
+def test_compare_labels_name_what_differs(summary, response_summary):
+    label_a, label_b = compare_figures.side_labels(summary, response_summary)
+    assert label_a == "A: temperature 0.7" and label_b == "B: temperature 1"
+    assert compare_figures.side_labels(summary, summary) == ("A", "B (the same analysis as A)")
+
+
+@pytest.mark.parametrize("centering", ["on", "off", "raw"])
+def test_compare_scatter_plots_both_totals_of_every_tensor(compared, centering):
+    stat = CENTERING_STAT[centering]
+    figure = compare_figures.tensor_scatter(compared, stat, ("A", "B"))
+    plotted = {}
+    for trace in figure.data:
+        if trace.customdata is not None:
+            plotted.update(
+                {name: (x, y) for name, x, y in zip(trace.customdata, trace.x, trace.y, strict=True)}
+            )
+    expected = {t["name"]: (t["a"][stat], t["b"][stat]) for t in compared["tensors"] if t["a"][stat] > 0}
+    assert plotted == expected
+    line = next(trace for trace in figure.data if trace.name == "y = x")
+    assert list(line.x) == list(line.y) and line.x[0] == min(min(v) for v in expected.values())
+    assert figure.layout.xaxis.type == "log" and figure.layout.yaxis.type == "log"
+
+
+def test_compare_scatter_counts_the_tensors_a_log_axis_cannot_hold(compared):
+    with_zero = json.loads(json.dumps(compared))
+    with_zero["tensors"][0]["b"]["fisher"] = 0.0
+    figure = compare_figures.tensor_scatter(with_zero, "fisher", ("A", "B"))
+    assert "(1 tensors with a 0 left out)" in figure.layout.title.text
+    assert with_zero["tensors"][0]["name"] not in {
+        n for t in figure.data if t.customdata is not None for n in t.customdata
+    }
+
+
+def test_compare_sets_are_drawn_beside_chance(compared):
+    sets = compared["sets"]
+    figure = compare_figures.sets_figure(sets)
+    by_name = {trace.name: list(trace.y) for trace in figure.data}
+    assert by_name["overlap |A∩B| / |A|"] == sets["overlap"]
+    assert by_name["Jaccard |A∩B| / |A∪B|"] == sets["jaccard"]
+    assert by_name["chance overlap = q"] == sets["q"]
+    assert by_name["chance Jaccard = q/(2−q)"] == sets["chance_jaccard"]
+    low, high = figure.layout.yaxis.range
+    assert 10**low < min(sets["chance_jaccard"]) and 10**high > 1  # every bar and chance mark inside
+
+
+def test_compare_next_tokens_side_by_side(summary, response_summary):
+    figure = compare_figures.next_tokens(
+        summary["positions"][0], response_summary["positions"][0], ("A: temperature 0.7", "B: temperature 1")
+    )
+    mu = {trace.name: list(trace.y) for trace in figure.data if trace.name.startswith("μ")}
+    top_a = summary["positions"][0]["p"]["top"][: compare_figures.TOP_TOKENS]
+    top_b = response_summary["positions"][0]["p"]["top"][: compare_figures.TOP_TOKENS]
+    assert mu == {"μ (sampler) of A": [t["mu"] for t in top_a], "μ (sampler) of B": [t["mu"] for t in top_b]}
+    assert [a.text for a in figure.layout.annotations] == ["A: temperature 0.7", "B: temperature 1"]
+
+
+def test_compare_difference_heatmap_is_b_minus_a():
+    pooled_a = {"shape": [2, 2], "row_edges": [0, 3, 6], "col_edges": [0, 4, 8], "values": [[1, 2], [3, 4]]}
+    pooled_b = {**pooled_a, "values": [[2, 2], [1, 8]]}
+    figure = compare_figures.difference_heatmap(pooled_a, pooled_b, "w", "fisher")
+    assert [list(row) for row in figure.data[0].z] == [[1, 0], [-2, 4]]
+    assert figure.data[0].zmid == 0
+    other_grid = {**pooled_b, "row_edges": [0, 2, 6]}
+    assert (
+        "different block grids"
+        in compare_figures.difference_heatmap(pooled_a, other_grid, "w", "fisher").layout.annotations[0].text
+    )
+    same = compare_figures.difference_heatmap(pooled_a, pooled_a, "w", "fisher")
+    assert "the same in A and B" in same.layout.annotations[0].text
+
+
+def test_compare_opens_the_matrix_that_changed_most(compared):
+    changes = {t["name"]: abs(t["b"]["fisher"] - t["a"]["fisher"]) for t in compared["tensors"]}
+    matrices = [name for name in changes if "proj" in name]
+    assert compare_figures.largest_change(compared, matrices, "fisher") == max(matrices, key=changes.get)
+
+
+def test_compare_reading_quotes_the_top_1_percent_sets(compared):
+    sentence = compare_figures.reading(compared, ("A: temperature 0.7", "B: temperature 1"))
+    assert sentence.startswith("A: temperature 0.7 against B: temperature 1.")
+    assert "overlap by 71% (chance 1%), Jaccard 55% (chance 0.5%)" in sentence
+
+
+def test_compare_csv_holds_the_tensor_and_set_tables(compared):
+    text = exports.compare_csv(compared, ("A: temperature 0.7", "B: temperature 1"))
+    tensor_part, set_part = text.split("\n\n")
+    tensor_rows = list(csv.DictReader(line for line in tensor_part.splitlines() if not line.startswith("#")))
+    assert [row["name"] for row in tensor_rows] == [t["name"] for t in compared["tensors"]]
+    first = compared["tensors"][0]
+    assert float(tensor_rows[0]["a_fisher"]) == first["a"]["fisher"]
+    assert float(tensor_rows[0]["b_raw"]) == first["b"]["raw"]
+    set_rows = list(csv.DictReader(line for line in set_part.splitlines() if not line.startswith("#")))
+    assert [float(row["q"]) for row in set_rows] == compared["sets"]["q"]
+    assert [float(row["overlap"]) for row in set_rows] == compared["sets"]["overlap"]
+    assert [float(row["chance_jaccard"]) for row in set_rows] == compared["sets"]["chance_jaccard"]
+    assert compared["a"] in text.splitlines()[0] and compared["b"] in text.splitlines()[0]
+
+
+def test_long_messages_are_wrapped_at_spaces():
+    message = "the top-q sets of this analysis are not on disk yet (written right after the analysis); retry"
+    text = plots.message_figure(message).layout.annotations[0].text
+    assert text.replace("<br>", " ") == message and all(len(line) <= 64 for line in text.split("<br>"))
+
+
+def test_response_positions_are_labelled_by_position_and_token(response_summary):
+    """The position makes a label unique: a repeated token reads as itself, a byte piece keeps its id."""
+    summary = json.loads(json.dumps(response_summary))
+    tokens = [
+        {"id": 30, "text": "."},
+        {"id": 2306, "text": " She"},
+        {"id": 30, "text": "."},
+        {"id": 7, "text": "\ufffd"},
+    ]
+    summary["tokens"]["continuation"] = tokens
+    assert plots.response_labels(summary) == ["1: '.'", "2: ' She'", "3: '.'", "4: '\ufffd' #7"]
+
+
+def test_short_log_axes_are_labelled_at_1_2_5_and_long_ones_at_decades():
+    assert plots.log_tickvals([1.1e3, 4.6e3, 3.7e4]) == [m * 10.0**k for k in (3, 4, 5) for m in (1, 2, 5)]
+    assert plots.log_tickvals([1e-8, 1e3]) == [10.0**k for k in range(-8, 3, 2)]  # 11 decades: every 2nd
+    assert plots.log_tickvals([0.0, math.inf]) == []  # nothing a log axis can hold
+
+
+def test_mean_shift_axis_labels_every_drawn_decade(response_summary):
+    figure = s08_mean_shift.figure(response_summary, "on")
+    drawn = [value for trace in figure.data for value in trace.y if value is not None]
+    ticks = figure.layout.yaxis.tickvals
+    assert min(ticks) <= min(drawn) and max(ticks) >= max(drawn)
+
+
+def test_mismatch_axes_start_at_zero_with_their_own_ticks(summary):
+    """A non-negative quantity on either side: no axis of slide 10 may reach below 0."""
+    figure = s10_not_a_defect.figure(summary, "on")
+    top = summary["positions"][0]["p"]["top"]
+    assert figure.layout.yaxis.range[0] == 0 and figure.layout.yaxis2.range[0] == 0
+    assert figure.layout.yaxis.range[1] >= max(token["row_shift_sq"] for token in top)
+    assert figure.layout.yaxis2.range[1] >= max(token["row_fisher_p"] for token in top)

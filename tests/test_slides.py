@@ -181,3 +181,204 @@ def test_response_slides_without_continuation_ask_for_one(summary):
     prefix_only = {**summary, "response": None}
     for module in SLIDES[3:4] + SLIDES[7:9]:
         assert "continuation" in module.reading(prefix_only, "on")
+
+
+class RecordingApi:
+    """The API's answers for one analysis, counting what the dashboard asks (cache tests count calls)."""
+
+    def __init__(self, summary: dict, status: dict | None = None) -> None:
+        self.summary = summary
+        self.status = status
+        self.calls: list[tuple] = []
+
+    def analysis(self, analysis_id: str) -> dict:
+        self.calls.append(("analysis", analysis_id))
+        assert self.status is not None
+        return self.status
+
+    def overview(self, analysis_id: str) -> dict:
+        self.calls.append(("overview", analysis_id))
+        index = [
+            {"index": i, "context_length": p["context_length"], "target": p.get("target")}
+            for i, p in enumerate(self.summary["positions"])
+        ]
+        return {**self.summary, "positions": self.summary["positions"][:1], "position_index": index}
+
+    def position(self, analysis_id: str, index: int) -> dict:
+        self.calls.append(("position", analysis_id, index))
+        return self.summary["positions"][index]
+
+
+ID_A, ID_B = "a" * 64, "b" * 64
+
+
+def test_a_partial_result_draws_every_slide_and_says_what_comes_at_the_end(summary):
+    """While an exact analysis runs the dashboard draws the partial summary (no concentration, top
+    coordinates or overlap yet) and its stage says how much of the C_mu trace it covers; the poll keeps
+    the partial it read, so drawing it asks the API nothing more."""
+    from frontend.callbacks.explorer import top_coordinates_table
+    from frontend.callbacks.run import polled
+    from frontend.callbacks.slides import slide_view
+    from frontend.handles import handle_from, is_settled, progress_style, view_of
+    from frontend.plots import PARTIAL_NOTE
+    from frontend.summaries import Summaries
+
+    partial = {**summary, "concentration": None, "top_coordinates": None, "overlap": None}
+    for module in SLIDES:
+        assert isinstance(module.figure(partial, "on"), go.Figure)
+        assert isinstance(module.reading(partial, "on"), str)
+    assert SLIDES[0].reading(partial, "on") == PARTIAL_NOTE
+    assert "partial" in str(top_coordinates_table(partial, "fisher"))
+    body = {
+        "id": ID_A,
+        "status": "running",
+        "progress": 0.4,
+        "stage": "directions",
+        "partial": {"kept_share": 0.63, "result": partial},
+    }
+    api = RecordingApi(summary, body)
+    summaries = Summaries(api)
+    handle = polled(api, summaries, handle_from({**body, "partial": None}, ID_A))
+    assert handle["stage"] == "partial: 63% of the C_mu trace" and not is_settled(handle)
+    assert progress_style(handle["progress"]) == {"width": "40%"}
+    assert view_of(handle) == {"id": ID_A, "kept_share": 0.63}
+    assert summaries.summary(view_of(handle)) is partial
+    assert slide_view(summaries.summary(view_of(handle)), 1, "on")[5] == PARTIAL_NOTE
+    assert api.calls == [("analysis", ID_A)]
+
+
+def test_the_browser_holds_a_handle_of_fixed_size_whatever_the_response():
+    """What a callback posts back about an analysis is its handle: the same fields and about the same
+    size for a 64-token response as for a prefix (the whole summary used to go back, and got a 413)."""
+    from frontend.handles import handle_from, view_of
+
+    response = json.loads(RESPONSE_FIXTURE.read_text())
+    small = handle_from({"id": ID_A, "status": "done", "result": {"positions": [1]}}, ID_A, cached=True)
+    large = handle_from(
+        {"id": ID_B, "status": "done", "result": {**response, "positions": response["positions"] * 32}},
+        ID_A,
+        sample={"seed": 3, "max_tokens": 64},
+    )
+    assert set(small) == set(large)
+    assert len(json.dumps(large)) < 400 and "result" not in large
+    assert (small["stage"], large["stage"]) == ("cached", "done")
+    # a sampled request follows to the concrete response's analysis; the handle keeps what was asked
+    assert (large["request"], large["id"]) == (ID_A, ID_B)
+    assert view_of(large) == {"id": ID_B, "kept_share": None}
+
+
+def test_a_failed_or_queued_analysis_has_nothing_to_draw():
+    from frontend.handles import handle_from, is_settled, view_of
+
+    failed = handle_from({"id": ID_A, "status": "failed", "error": "out of memory"}, ID_A)
+    assert failed["error"] == "out of memory" and is_settled(failed) and view_of(failed) is None
+    queued = handle_from({"id": ID_A, "status": "queued", "stage": None, "progress": 0.0}, ID_A)
+    assert queued["stage"] == "queued" and not is_settled(queued) and view_of(queued) is None
+
+
+def test_a_finished_analysis_is_read_once_per_view(summary):
+    """Slide steps and toggles redraw from the kept overview; each position is asked for once; the
+    first position comes with the overview; the oldest answers make room for new ones."""
+    from frontend.summaries import Summaries, position_entries
+
+    response = json.loads(RESPONSE_FIXTURE.read_text())
+    api = RecordingApi(response)
+    summaries = Summaries(api, size=3)
+    view = {"id": ID_A, "kept_share": None}
+    for number in range(1, 11):
+        SLIDES[number - 1].figure(summaries.summary(view), "on")
+    assert summaries.position(view, 0) == response["positions"][0]
+    assert summaries.position(view, 2) == response["positions"][2]
+    assert summaries.position(view, 2) == response["positions"][2]
+    assert api.calls == [("overview", ID_A), ("position", ID_A, 2)]
+    entries = position_entries(summaries.summary(view))
+    assert [e["index"] for e in entries] == list(range(len(response["positions"])))
+    for other in ("c", "d", "e"):
+        summaries.overview(other * 64)
+    summaries.summary(view)
+    assert api.calls[-1] == ("overview", ID_A)  # evicted by three newer answers, asked again
+
+
+def test_callbacks_asking_at_once_fetch_an_overview_once(summary):
+    """A new analysis sets off every figure's callback at the same time: one asks, the rest wait."""
+    import threading
+    import time
+
+    from frontend.summaries import Summaries
+
+    class SlowApi(RecordingApi):
+        def overview(self, analysis_id: str) -> dict:
+            release.wait(timeout=10)
+            return super().overview(analysis_id)
+
+    release = threading.Event()
+    api = SlowApi(summary)
+    summaries = Summaries(api)
+    view = {"id": ID_A, "kept_share": None}
+    answers: list[dict] = []
+    threads = [threading.Thread(target=lambda: answers.append(summaries.summary(view))) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)  # every thread reaches the cache while the first answer is still out
+    release.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(answers) == 6 and all(answer is answers[0] for answer in answers)
+    assert api.calls == [("overview", ID_A)]
+
+
+def test_a_link_to_an_analysis_this_server_lacks_says_so():
+    """A compare link opens B by id; another server (or a cleared cache) answers 404: a sentence, no poll."""
+    from frontend.api_client import ApiError
+    from frontend.callbacks.run import polled
+    from frontend.handles import is_settled, view_of
+    from frontend.summaries import Summaries
+
+    class MissingApi(RecordingApi):
+        def analysis(self, analysis_id: str) -> dict:
+            raise ApiError(f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first", 404)
+
+    api = MissingApi({})
+    opened = {"request": ID_B, "id": ID_B, "status": "queued", "progress": 0.0, "stage": "opening"}
+    handle = polled(api, Summaries(api), opened)
+    assert is_settled(handle) and view_of(handle) is None
+    assert handle["error"].startswith("analysis bbbbbbbbbbbb… is not on this server; run it again")
+
+
+def test_a_compare_asked_before_its_top_q_sets_are_written_is_asked_again(summary):
+    """The API answers 409 until both analyses' top-q sets are on disk: the panel retries (and only a
+    compare that answered is kept); a refusal (different parameter names, 422) is said, not retried."""
+    from frontend.api_client import ApiError
+    from frontend.callbacks.compare import NotReady, fetch
+    from frontend.summaries import Summaries
+
+    class ComparingApi(RecordingApi):
+        answers: list = []
+
+        def compare(self, a: str, b: str) -> dict:
+            self.calls.append(("compare", a, b))
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    api = ComparingApi(summary)
+    done_a, done_b = {"id": ID_A, "kept_share": None}, {"id": ID_B, "kept_share": None}
+    api.answers = [
+        ApiError("the top-q sets are not on disk yet", 409),
+        {"a": ID_A, "b": ID_B, "sets": {}, "tensors": []},
+        ApiError("the two analyses are of models with different parameter names", 422),
+    ]
+    summaries = Summaries(api)
+    with pytest.raises(NotReady) as not_yet:
+        fetch(summaries, done_a, done_b)
+    assert not_yet.value.retry
+    compare, overview_a, overview_b, labels = fetch(summaries, done_a, done_b)
+    assert compare["a"] == ID_A and labels == ("A", "B (the same analysis as A)")
+    fetch(summaries, done_a, done_b)  # kept: not asked again
+    assert [call for call in api.calls if call[0] == "compare"] == [("compare", ID_A, ID_B)] * 2
+    with pytest.raises(NotReady) as refused:
+        fetch(summaries, done_a, {"id": "c" * 64, "kept_share": None})
+    assert not refused.value.retry and "different parameter names" in str(refused.value)
+    with pytest.raises(NotReady, match="Waiting for A to finish"):
+        fetch(summaries, {"id": ID_A, "kept_share": 0.5}, done_b)

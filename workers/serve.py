@@ -8,7 +8,6 @@ persist to a folder, and the dashboard is mounted under `/` beside the API.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 from collections.abc import Callable
@@ -103,11 +102,8 @@ def with_dashboard(api: Any, api_base_url: str) -> Any:
     from a2wsgi import WSGIMiddleware
 
     from frontend.app import create_dash_app
+    from frontend.studies.app import create_study_app
 
-    # imported by name: the layering contract lists `workers.serve -> frontend.app` as serve's one
-    # import of the dashboard, and pyproject.toml is not this change's to edit; adding
-    # `workers.serve -> frontend.studies.app` to its ignore_imports would make this a plain import
-    create_study_app = importlib.import_module("frontend.studies.app").create_study_app
     api.mount("/studies", WSGIMiddleware(create_study_app(api_base_url).server))
     api.mount("/", WSGIMiddleware(create_dash_app(api_base_url).server))
     return api

@@ -12,12 +12,14 @@ from urllib.parse import urlencode
 
 from dash import html
 
-from frontend.state import DashboardState, format_reward, parse_query
+from frontend.state import B_FIELDS, DashboardState, format_reward, parse_query
 
 CONTROL_IDS = [
     "model",
     "prefix",
     "continuation",
+    "sample_seed",
+    "sample_tokens",
     "temperature",
     "top_k",
     "top_p",
@@ -28,22 +30,34 @@ CONTROL_IDS = [
     "method",
     "centering",
 ]
+# The compare panel's fields: empty (None, "") means "as A"; b_top_k takes "off" for no truncation.
+B_CONTROL_IDS = [f"b_{key}" for key in B_FIELDS]
+ALL_CONTROL_IDS = CONTROL_IDS + B_CONTROL_IDS
 
 
-def state_from_controls(values: list[Any], slide: int) -> tuple[DashboardState, list[str]]:
-    """Validate the controls by writing them as a query and parsing it: one validation path for both."""
-    raw = dict(zip(CONTROL_IDS, values, strict=True))
+def state_from_controls(
+    values: list[Any], slide: int, compare: str | None = None
+) -> tuple[DashboardState, list[str]]:
+    """Validate the controls (CONTROL_IDS, or ALL_CONTROL_IDS with the compare panel's) by writing them as
+    a query and parsing it: one validation path for the page and for a shared link."""
+    if len(values) not in (len(CONTROL_IDS), len(ALL_CONTROL_IDS)):
+        expected = f"{len(CONTROL_IDS)} or {len(ALL_CONTROL_IDS)}"
+        raise ValueError(f"expected {expected} control values, got {len(values)}")
+    raw = dict(zip(ALL_CONTROL_IDS, values, strict=False))
     reward = raw.pop("reward") or ""
     query_state = {key: "" if value is None else str(value) for key, value in raw.items()}
-    query = urlencode({**query_state, "reward": reward, "slide": str(slide or 1)})
+    query = urlencode({**query_state, "reward": reward, "slide": str(slide or 1), "compare": compare or ""})
     return parse_query(query)
 
 
 def controls_from_state(state: DashboardState) -> list[Any]:
-    """The control values, in CONTROL_IDS order, that show `state`."""
+    """The control values, in ALL_CONTROL_IDS order, that show `state` (B's absent overrides empty)."""
     values = asdict(state)
     values["reward"] = format_reward(state.reward)
-    return [values[key] for key in CONTROL_IDS]
+    for key in B_FIELDS:
+        value = state.b.get(key, "")
+        values[f"b_{key}"] = "off" if key == "top_k" and key in state.b and value is None else value
+    return [values[key] for key in ALL_CONTROL_IDS]
 
 
 def message_block(errors: list[str]) -> list[Any]:

@@ -1,8 +1,9 @@
-"""The explorer: mass per layer and per kind, the top coordinates and the response drawn from the summary;
-the position picker for the next-token and spectrum views; the matrix picker and its heatmap.
+"""The explorer: mass per layer and per kind, the top coordinates and the response drawn from the
+overview; the position picker for the next-token and spectrum views (one position asked of the API at a
+time); the matrix picker and its heatmap (one tensor's pooled block sums).
 
-A click on a layer bar opens that layer's matrices, a click on a tensor of slide 3 opens that tensor; the
-heatmap is the only view that asks the API (for the pooled block sums of one tensor).
+A click on a layer bar opens that layer's matrices, a click on a tensor of slide 3 opens that tensor.
+Everything is read through `frontend.summaries`, by the analysis's id, on the dashboard's server.
 """
 
 from __future__ import annotations
@@ -13,21 +14,23 @@ import dash
 from dash import Input, Output, State, ctx, html
 
 from frontend import explorer
-from frontend.api_client import ApiClient, ApiError
+from frontend.api_client import ApiError
 from frontend.plots import STAT_LABEL, layer_label, message_figure, stat_for_centering, token_label
+from frontend.summaries import Summaries, View, position_entries
 
 TOP_COORDINATES = 15
+NO_ANALYSIS = "No analysis yet."
 
 
-def register(app: dash.Dash, api: ApiClient) -> None:
-    register_summary_views(app)
-    register_position_choice(app)
-    register_position_views(app)
-    register_matrix_choice(app)
-    register_heatmap(app, api)
+def register(app: dash.Dash, summaries: Summaries) -> None:
+    register_summary_views(app, summaries)
+    register_position_choice(app, summaries)
+    register_position_views(app, summaries)
+    register_matrix_choice(app, summaries)
+    register_heatmap(app, summaries)
 
 
-def register_summary_views(app: dash.Dash) -> None:
+def register_summary_views(app: dash.Dash, summaries: Summaries) -> None:
     """Mass per layer and per kind, the top coordinates and the response view, for the toggle's stat."""
 
     @app.callback(
@@ -35,12 +38,18 @@ def register_summary_views(app: dash.Dash) -> None:
         Output("kind-graph", "figure"),
         Output("top-coordinates", "children"),
         Output("response-graph", "figure"),
-        Input("summary", "data"),
+        Input("analysis-view", "data"),
         Input("centering", "value"),
     )
-    def render_explorer(summary: dict | None, centering: str | None):
+    def render_explorer(view: View | None, centering: str | None):
+        try:
+            summary = summaries.summary(view) if view else None
+        except ApiError as error:
+            summary, why = None, str(error)
+        else:
+            why = NO_ANALYSIS
         if not summary:
-            empty = message_figure("No analysis yet.")
+            empty = message_figure(why)
             return empty, empty, [], empty
         centering = centering or "on"
         return (
@@ -51,54 +60,66 @@ def register_summary_views(app: dash.Dash) -> None:
         )
 
 
-def register_position_choice(app: dash.Dash) -> None:
+def register_position_choice(app: dash.Dash, summaries: Summaries) -> None:
     """The position picker: one option per analysed position; the choice is kept where it still exists."""
 
     @app.callback(
         Output("explorer-position", "options"),
         Output("explorer-position", "value"),
-        Input("summary", "data"),
+        Input("analysis-view", "data"),
         State("explorer-position", "value"),
     )
-    def choose_position(summary: dict | None, position: int | None):
+    def choose_position(view: View | None, position: int | None):
+        try:
+            summary = summaries.summary(view) if view else None
+        except ApiError:
+            summary = None
         if not summary:
             return [], 0
         options = position_options(summary)
         return options, position if isinstance(position, int) and 0 <= position < len(options) else 0
 
 
-def register_position_views(app: dash.Dash) -> None:
-    """The next-token distribution and the C_mu spectrum at the chosen position."""
+def register_position_views(app: dash.Dash, summaries: Summaries) -> None:
+    """The next-token distribution and the C_mu spectrum at the chosen position (asked of the API)."""
 
     @app.callback(
         Output("next-token-graph", "figure"),
         Output("spectrum-graph", "figure"),
-        Input("summary", "data"),
+        Input("analysis-view", "data"),
         Input("explorer-position", "value"),
     )
-    def render_position(summary: dict | None, position: int | None):
-        if not summary:
-            empty = message_figure("No analysis yet.")
+    def render_position(view: View | None, position: int | None):
+        if not view:
+            empty = message_figure(NO_ANALYSIS)
             return empty, empty
-        index = position if isinstance(position, int) and 0 <= position < len(summary["positions"]) else 0
-        return explorer.next_token(summary, index), explorer.spectrum(summary, index)
+        index = position if isinstance(position, int) and position >= 0 else 0
+        try:
+            summary = summaries.position(view, index)
+        except ApiError as error:
+            failed = message_figure(str(error))
+            return failed, failed
+        return explorer.position_next_token(summary), explorer.position_spectrum(summary, index)
 
 
 def position_options(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """One option per analysed position: the prefix's next token, then each response token."""
     continuation = summary["tokens"].get("continuation") or []
     options = []
-    for index, position in enumerate(summary["positions"]):
-        target = position.get("target") or (continuation[index] if index < len(continuation) else None)
+    for entry in position_entries(summary):
+        index = entry["index"]
+        target = entry.get("target") or (continuation[index] if index < len(continuation) else None)
         what = f"predicting {token_label(target['text'])}" if target else "the next token"
         options.append(
-            {"label": f"{index + 1}: after {position['context_length']} tokens, {what}", "value": index}
+            {"label": f"{index + 1}: after {entry['context_length']} tokens, {what}", "value": index}
         )
     return options
 
 
 def top_coordinates_table(summary: dict[str, Any], stat: str) -> html.Table | html.Div:
     """The largest single coordinates of the toggle's statistic, with their share of the model total."""
+    if summary["top_coordinates"] is None:
+        return html.Div("the top coordinates come with the exact result (this is a partial one)")
     rows = summary["top_coordinates"].get(stat, [])[:TOP_COORDINATES]
     # the engine lists only non-zero coordinates: an empty list with a zero total means all are zero
     if not any(row["value"] for row in rows) and not summary["totals"].get(stat):
@@ -123,19 +144,23 @@ def top_coordinates_table(summary: dict[str, Any], stat: str) -> html.Table | ht
     return html.Table([header, *body], className="top-table")
 
 
-def register_matrix_choice(app: dash.Dash) -> None:
+def register_matrix_choice(app: dash.Dash, summaries: Summaries) -> None:
     """Which matrices the picker offers (after a click, that layer's or that tensor's) and which is open."""
 
     @app.callback(
         Output("heatmap-tensor", "options"),
         Output("heatmap-tensor", "value"),
         Output("heatmap-scope", "children"),
-        Input("summary", "data"),
+        Input("analysis-view", "data"),
         Input("layer-graph", "clickData"),
         Input("slide-graph", "clickData"),
         State("centering", "value"),
     )
-    def choose_matrix(summary: dict | None, layer_click: dict | None, slide_click: dict | None, centering):
+    def choose_matrix(view: View | None, layer_click: dict | None, slide_click: dict | None, centering):
+        try:
+            summary = summaries.summary(view) if view else None
+        except ApiError:
+            summary = None
         if not summary:
             return [], None, ""
         stat = stat_for_centering(centering or "on")
@@ -147,21 +172,23 @@ def register_matrix_choice(app: dash.Dash) -> None:
         return all_matrices(summary, stat)
 
 
-def register_heatmap(app: dash.Dash, api: ApiClient) -> None:
+def register_heatmap(app: dash.Dash, summaries: Summaries) -> None:
     """The open matrix's pooled block sums, asked of the API for the toggle's statistic."""
 
     @app.callback(
         Output("heatmap-graph", "figure"),
         Input("heatmap-tensor", "value"),
         Input("centering", "value"),
-        State("analysis-id", "data"),
+        State("analysis-view", "data"),
     )
-    def render_heatmap(tensor: str | None, centering: str | None, analysis_id: str | None):
-        if not tensor or not analysis_id:
+    def render_heatmap(tensor: str | None, centering: str | None, view: View | None):
+        if not tensor or not view:
             return message_figure("Pick a matrix, or click a layer bar, to see where its mass sits.")
+        if view.get("kept_share") is not None:
+            return message_figure("The matrix views come with the finished analysis (this is a partial one).")
         stat = stat_for_centering(centering or "on")
         try:
-            return explorer.heatmap(api.pooled(analysis_id, tensor, stat), tensor, stat)
+            return explorer.heatmap(summaries.pooled(view["id"], tensor, stat), tensor, stat)
         except ApiError as error:
             return message_figure(str(error))
 

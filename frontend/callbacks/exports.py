@@ -10,31 +10,37 @@ import time
 from typing import Any
 
 import dash
-from dash import Input, Output, State, ctx
+from dash import Input, Output, State, ctx, html
 from dash.exceptions import PreventUpdate
 
 from frontend.api_client import ApiClient, ApiError
 from frontend.exports import CSV_FILENAME, tensor_totals_csv
+from frontend.summaries import Summaries, View
 
 HIDDEN = {"display": "none"}
 
 
-def register(app: dash.Dash, api: ApiClient, public: ApiClient) -> None:
-    register_csv(app)
+def register(app: dash.Dash, api: ApiClient, public: ApiClient, summaries: Summaries) -> None:
+    register_csv(app, summaries)
     register_arrays(app, api, public)
 
 
-def register_csv(app: dash.Dash) -> None:
+def register_csv(app: dash.Dash, summaries: Summaries) -> None:
     @app.callback(
         Output("csv-download", "data"),
+        Output("message", "children", allow_duplicate=True),
         Input("csv-button", "n_clicks"),
-        State("summary", "data"),
+        State("analysis-view", "data"),
         prevent_initial_call=True,
     )
-    def export_csv(_clicks: int, summary: dict | None):
-        if not summary:
+    def export_csv(_clicks: int, view: View | None):
+        if not view:
             raise PreventUpdate
-        return {"content": tensor_totals_csv(summary), "filename": CSV_FILENAME}
+        try:
+            summary = summaries.summary(view)
+        except ApiError as error:
+            return dash.no_update, [html.Div(f"could not export the totals: {error}")]
+        return {"content": tensor_totals_csv(summary), "filename": CSV_FILENAME}, dash.no_update
 
 
 def register_arrays(app: dash.Dash, api: ApiClient, public: ApiClient) -> None:
@@ -48,16 +54,17 @@ def register_arrays(app: dash.Dash, api: ApiClient, public: ApiClient) -> None:
         Output("arrays-started", "data"),
         Input("arrays-prepare", "n_clicks"),
         Input("arrays-poll", "n_intervals"),
-        Input("analysis-id", "data"),
+        Input("analysis-view", "data"),
         State("arrays-started", "data"),
-        State("summary", "data"),
     )
-    def prepare_arrays(_clicks, _ticks, analysis_id: str | None, started: float | None, summary: dict | None):
-        if ctx.triggered_id in (None, "analysis-id") or not analysis_id:
+    def prepare_arrays(_clicks, _ticks, view: View | None, started: float | None):
+        if ctx.triggered_id in (None, "analysis-view"):
             return "", "", HIDDEN, True, None
-        if not summary:
+        if not view:
             return "run an analysis first", "", HIDDEN, True, None
-        return arrays_progress(api, public, analysis_id, started or time.time())
+        if view.get("kept_share") is not None:
+            return "the arrays come with the finished analysis", "", HIDDEN, True, None
+        return arrays_progress(api, public, view["id"], started or time.time())
 
 
 def arrays_progress(api: ApiClient, public: ApiClient, analysis_id: str, started: float) -> tuple[Any, ...]:

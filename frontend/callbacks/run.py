@@ -1,7 +1,9 @@
-"""Run posts the analysis; a cached one arrives at once, otherwise its status is polled to the end.
+"""Run (or Sample) posts the main analysis; every analysis on the page is polled to the end.
 
-The progress bar and stage follow the API's `progress` and `stage`; a refused request or a failed
-analysis shows the API's own message.
+Run posts the controls as they are; Sample posts them with the typed continuation replaced by a response
+drawn from the sampler (seed and length from its fields). A cached analysis arrives at once, otherwise
+its handle (`frontend.handles`) is polled: the progress bar and stage follow it, a partial result is
+drawn as soon as it is in, and a refused request or a failed analysis shows the API's own message.
 """
 
 from __future__ import annotations
@@ -14,87 +16,153 @@ from dash.exceptions import PreventUpdate
 
 from frontend.api_client import ApiClient, ApiError
 from frontend.callbacks.controls import CONTROL_IDS, message_block, state_from_controls
-from frontend.state import to_request
+from frontend.handles import FAILED, Handle, handle_from, is_settled, progress_style, view_of
+from frontend.layout import SIDES
+from frontend.state import DashboardState, to_request
+from frontend.summaries import Summaries
+
+# A poll's answer replaces the handle only while it answers the request the page still waits for: a
+# slow answer about an analysis the reader has since replaced (Run pressed again) is dropped. In the
+# browser, because only there is "the current handle" known when the answer lands.
+ACCEPT_POLL = """function(polled, current) {
+    const unchanged = window.dash_clientside.no_update;
+    if (!polled || !current || polled.request !== current.request) { return unchanged; }
+    return JSON.stringify(polled) === JSON.stringify(current) ? unchanged : polled;
+}"""
 
 
-def register(app: dash.Dash, api: ApiClient) -> None:
+def register(app: dash.Dash, api: ApiClient, summaries: Summaries) -> None:
     register_submit(app, api)
-    register_poll(app, api)
+    for side in SIDES:
+        register_tracking(app, api, summaries, side)
+    register_progress(app)
 
 
-def progress_style(progress: float) -> dict[str, str]:
-    """The progress bar's width for a progress in [0, 1] (clamped; missing counts as 0)."""
-    return {"width": f"{100 * max(0.0, min(1.0, float(progress or 0.0))):.0f}%"}
+def sampled(controls: dict[str, Any]) -> dict[str, Any]:
+    """The controls Sample posts: no typed continuation, a response drawn with the seed (0 when empty)."""
+    seed = controls.get("sample_seed")
+    return {**controls, "continuation": "", "sample_seed": 0 if seed in (None, "") else seed}
+
+
+def sample_of(state: DashboardState) -> dict[str, int] | None:
+    """The seed and length of a sampled response, kept in the handle for the continuation's caption."""
+    if state.sample_seed is None:
+        return None
+    return {"seed": state.sample_seed, "max_tokens": state.sample_tokens}
+
+
+def post(api: ApiClient, state: DashboardState) -> Handle:
+    """POST the state's request; the handle of the API's answer (raises ApiError with its message)."""
+    body = api.submit(to_request(state))
+    return handle_from(body, body["id"], cached=body.get("status") == "done", sample=sample_of(state))
 
 
 def register_submit(app: dash.Dash, api: ApiClient) -> None:
-    """The Run button, or a shared link's autorun: validate the controls and POST the analysis."""
+    """The Run and Sample buttons, or a link's autorun: validate the controls and POST the analysis."""
 
     @app.callback(
-        Output("analysis-id", "data"),
-        Output("summary", "data"),
-        Output("poll", "disabled"),
+        Output("analysis", "data"),
         Output("message", "children", allow_duplicate=True),
-        Output("progress-bar", "style"),
-        Output("progress-stage", "children"),
+        Output("continuation", "value", allow_duplicate=True),
+        Output("sample_seed", "value", allow_duplicate=True),
+        Output("landing-note", "children", allow_duplicate=True),
         Input("run", "n_clicks"),
+        Input("sample", "n_clicks"),
         Input("autorun", "data"),
         [State(key, "value") for key in CONTROL_IDS],
         State("slide", "data"),
         prevent_initial_call=True,
     )
-    def submit(_clicks, autorun, *values):
+    def submit(_run, _sample, autorun, *values):
         if ctx.triggered_id == "autorun" and not autorun:
-            raise PreventUpdate  # a link without a prefix, or with a bad value, does not run anything
-        state, errors = state_from_controls(list(values[:-1]), values[-1])
+            raise PreventUpdate  # a link with a bad value does not run anything
+        controls = dict(zip(CONTROL_IDS, values[:-1], strict=True))
+        by_hand = ctx.triggered_id in ("run", "sample")
+        note = "" if by_hand else dash.no_update  # the landing's prompt goes once the reader runs their own
+        shown: tuple[Any, Any] = (dash.no_update, dash.no_update)
+        if ctx.triggered_id == "sample":
+            controls = sampled(controls)
+            shown = ("", controls["sample_seed"])
+        state, errors = state_from_controls(list(controls.values()), values[-1])
         if not state.prefix:
             errors.append("type a prefix, e.g. 'She drank a cup of'")
         if errors:
-            return dash.no_update, dash.no_update, True, message_block(errors), dash.no_update, ""
+            return dash.no_update, message_block(errors), dash.no_update, dash.no_update, note
         try:
-            body = api.submit(to_request(state))
+            handle = post(api, state)
         except ApiError as error:
-            return dash.no_update, dash.no_update, True, [html.Div(str(error))], {"width": "0%"}, ""
-        return submitted(body)
+            return dash.no_update, [html.Div(str(error))], *shown, note
+        return handle, [], *shown, note
 
 
-def submitted(body: dict[str, Any]) -> tuple[Any, ...]:
-    """The API's answer to the POST: a cached analysis arrives whole, a queued one starts the poll."""
-    if body.get("status") == "done" and body.get("result"):
-        return body["id"], body["result"], True, [], {"width": "100%"}, "cached"
-    return body["id"], dash.no_update, False, [], progress_style(body.get("progress", 0.0)), "queued"
-
-
-def register_poll(app: dash.Dash, api: ApiClient) -> None:
-    """Every poll tick: the analysis's status, until it is done or failed."""
+def register_tracking(app: dash.Dash, api: ApiClient, summaries: Summaries, side: str) -> None:
+    """Poll one analysis until it settles; derive what there is to draw (`<side>-view`) from its handle."""
 
     @app.callback(
-        Output("summary", "data", allow_duplicate=True),
-        Output("poll", "disabled", allow_duplicate=True),
-        Output("message", "children", allow_duplicate=True),
-        Output("progress-bar", "style", allow_duplicate=True),
-        Output("progress-stage", "children", allow_duplicate=True),
-        Input("poll", "n_intervals"),
-        State("analysis-id", "data"),
+        Output(f"{side}-polled", "data"),
+        Input(f"{side}-poll", "n_intervals"),
+        State(side, "data"),
         prevent_initial_call=True,
     )
-    def poll(_n: int, analysis_id: str | None):
-        if not analysis_id:
+    def poll(_ticks: int, handle: Handle | None):
+        if is_settled(handle):
             raise PreventUpdate
-        try:
-            body = api.analysis(analysis_id)
-        except ApiError as error:
-            return dash.no_update, True, [html.Div(str(error))], dash.no_update, ""
-        return polled(body)
+        assert handle is not None
+        return polled(api, summaries, handle)
+
+    app.clientside_callback(
+        ACCEPT_POLL,
+        Output(side, "data", allow_duplicate=True),
+        Input(f"{side}-polled", "data"),
+        State(side, "data"),
+        prevent_initial_call=True,
+    )
+
+    @app.callback(
+        Output(f"{side}-poll", "disabled"),
+        Output(f"{side}-view", "data"),
+        Input(side, "data"),
+        State(f"{side}-view", "data"),
+    )
+    def follow(handle: Handle | None, view: dict | None):
+        drawable = view_of(handle)
+        # the last drawing stays until the new analysis has something to draw; an equal view is no change
+        return is_settled(handle), drawable if drawable and drawable != view else dash.no_update
 
 
-def polled(body: dict[str, Any]) -> tuple[Any, ...]:
-    """(summary, poll disabled, message, bar, stage) for one status answer."""
-    status = body.get("status")
-    if status == "done":
-        return body["result"], True, [], progress_style(1.0), "done"
-    if status == "failed":
-        failure = [html.Div(f"the analysis failed: {body.get('error', 'no reason given')}")]
-        return dash.no_update, True, failure, progress_style(0.0), "failed"
-    stage = body.get("stage") or status or ""
-    return dash.no_update, False, dash.no_update, progress_style(body.get("progress", 0.0)), stage
+def polled(api: ApiClient, summaries: Summaries, handle: Handle) -> Handle:
+    """The handle after one GET; a partial result is kept for drawing, an unreachable API is a failure."""
+    try:
+        body = api.analysis(handle["id"])
+    except ApiError as error:
+        reason = str(error)
+        if error.status == 404:  # a link's analysis, from another server or a cleared cache
+            reason = f"analysis {handle['id'][:12]}… is not on this server; run it again (Run, or Compare)"
+        return {**handle, "status": FAILED, "stage": "failed", "error": reason}
+    partial = body.get("partial")
+    if body.get("status") == "running" and partial:
+        summaries.remember_partial(body["id"], float(partial["kept_share"]), partial["result"])
+    return handle_from(body, handle["request"], sample=handle.get("sample"))
+
+
+def register_progress(app: dash.Dash) -> None:
+    """The main analysis's progress bar, its stage, and the reason when it failed."""
+
+    @app.callback(
+        Output("progress-bar", "style"),
+        Output("progress-stage", "children"),
+        Output("message", "children", allow_duplicate=True),
+        Input("analysis", "data"),
+        prevent_initial_call=True,
+    )
+    def show_progress(handle: Handle | None):
+        if not handle:
+            raise PreventUpdate
+        return progress_style(handle.get("progress")), handle.get("stage") or "", failure(handle, "analysis")
+
+
+def failure(handle: Handle, what: str) -> Any:
+    """The message area for a failed analysis (the API's reason), else no change."""
+    if handle.get("status") != FAILED:
+        return dash.no_update
+    return [html.Div(f"the {what} failed: {handle.get('error') or 'no reason given'}")]

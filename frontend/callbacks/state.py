@@ -1,7 +1,8 @@
 """The URL is the whole state: read into the controls once per page load, written back on every change.
 
-Also the small views of that state: the share link, the prefix's token chips, and the candidate chips
-that toggle a token's reward.
+Also the small views of that state: the share link, the prefix's token chips, the candidate chips that
+toggle a token's reward, the chips of the analysed continuation (a sampled one is shown, never typed),
+and the compare panel's placeholders (A's values, which B's empty fields stand for).
 """
 
 from __future__ import annotations
@@ -14,18 +15,37 @@ from dash import ALL, Input, Output, State, ctx, html
 from dash.exceptions import PreventUpdate
 
 from frontend.api_client import ApiClient, ApiError
-from frontend.callbacks.controls import CONTROL_IDS, controls_from_state, message_block, state_from_controls
+from frontend.callbacks.controls import (
+    ALL_CONTROL_IDS,
+    controls_from_state,
+    message_block,
+    state_from_controls,
+)
+from frontend.compare_layout import AS_A
+from frontend.handles import Handle
 from frontend.plots import token_label, unique_token_labels
-from frontend.state import DashboardState, format_reward, parse_query, parse_reward, to_query
+from frontend.state import (
+    DashboardState,
+    format_reward,
+    is_landing,
+    parse_query,
+    parse_reward,
+    to_query,
+)
+from frontend.summaries import Summaries, View
 
 CANDIDATES = 12  # how many of the likeliest next tokens are offered as reward chips
+# B's fields whose placeholder shows A's value (the choices show "as A" as an option instead)
+B_PLACEHOLDERS = ("prefix", "temperature", "top_k", "top_p", "method")
 
 
-def register(app: dash.Dash, api: ApiClient) -> None:
+def register(app: dash.Dash, api: ApiClient, summaries: Summaries) -> None:
     register_restore(app, api)
     register_write_url(app)
     register_token_chips(app, api)
-    register_candidates(app)
+    register_candidates(app, summaries)
+    register_continuation(app, summaries)
+    register_b_placeholders(app)
 
 
 def model_ids(api: ApiClient) -> list[str]:
@@ -36,13 +56,23 @@ def model_ids(api: ApiClient) -> list[str]:
         return [DashboardState().model]
 
 
+def landing_note(state: DashboardState) -> str:
+    """The one line a first visit reads above the essays' example."""
+    return (
+        f"This is the essays' example, {state.prefix!r} on {state.model}: type your own prefix and "
+        "press Run, or Sample a response to it."
+    )
+
+
 def register_restore(app: dash.Dash, api: ApiClient) -> None:
-    """URL -> controls, once per page load; a link with a prefix and no bad value runs at once."""
+    """URL -> controls, once per page load; a link with a prefix and no bad value runs at once, and a
+    link with `compare=<id>` opens that analysis beside it (polled like any other)."""
 
     @app.callback(
-        [Output(key, "value") for key in CONTROL_IDS]
+        [Output(key, "value") for key in ALL_CONTROL_IDS]
         + [Output("slide", "data"), Output("message", "children"), Output("autorun", "data")]
-        + [Output("model", "options"), Output("restored", "data")],
+        + [Output("model", "options"), Output("b_model", "options"), Output("restored", "data")]
+        + [Output("landing-note", "children"), Output("b-analysis", "data")],
         Input("url", "pathname"),
         State("url", "search"),
         State("restored", "data"),
@@ -55,7 +85,24 @@ def register_restore(app: dash.Dash, api: ApiClient) -> None:
         if state.model not in models:
             errors.append(f"model {state.model!r} is not served here; choose one of {', '.join(models)}")
         autorun = time.time() if state.prefix and not errors else None
-        return [*controls_from_state(state), state.slide, message_block(errors), autorun, models, True]
+        note = landing_note(state) if is_landing(search or "") and autorun else ""
+        b_handle = opened_handle(state.compare) if state.compare else None
+        return [
+            *controls_from_state(state),
+            *(state.slide, message_block(errors), autorun),
+            *(models, [AS_A, *models], True, note, b_handle),
+        ]
+
+
+def opened_handle(analysis_id: str) -> Handle:
+    """The handle of an analysis a link names by id: nothing known yet, the poll asks the API."""
+    return {
+        "request": analysis_id,
+        "id": analysis_id,
+        "status": "queued",
+        "progress": 0.0,
+        "stage": "opening",
+    }
 
 
 def register_write_url(app: dash.Dash) -> None:
@@ -63,12 +110,15 @@ def register_write_url(app: dash.Dash) -> None:
 
     @app.callback(
         Output("url-out", "search"),
-        [Input(key, "value") for key in CONTROL_IDS],
+        [Input(key, "value") for key in ALL_CONTROL_IDS],
         Input("slide", "data"),
+        Input("b-analysis", "data"),
         prevent_initial_call=True,
     )
     def write_url(*values):
-        state, errors = state_from_controls(list(values[:-1]), values[-1])
+        b_handle = values[-1]
+        compare = b_handle["id"] if b_handle and b_handle.get("status") != "failed" else None
+        state, errors = state_from_controls(list(values[:-2]), values[-2], compare)
         if errors:
             raise PreventUpdate
         return to_query(state)
@@ -97,12 +147,17 @@ def register_token_chips(app: dash.Dash, api: ApiClient) -> None:
         ]
 
 
-def register_candidates(app: dash.Dash) -> None:
+def register_candidates(app: dash.Dash, summaries: Summaries) -> None:
     """The likeliest next tokens as chips; a click adds the token to the reward, a second removes it."""
 
-    @app.callback(Output("candidate-chips", "children"), Input("summary", "data"))
-    def show_candidates(summary: dict | None):
-        return candidate_chips(summary) if summary else []
+    @app.callback(Output("candidate-chips", "children"), Input("analysis-view", "data"))
+    def show_candidates(view: View | None):
+        if not view:
+            return []
+        try:
+            return candidate_chips(summaries.summary(view))
+        except ApiError:
+            return []  # the slide says why; the chips only offer tokens
 
     @app.callback(
         Output("reward", "value", allow_duplicate=True),
@@ -138,3 +193,71 @@ def candidate_chips(summary: dict[str, Any]) -> list[Any]:
             )
         )
     return chips
+
+
+def register_continuation(app: dash.Dash, summaries: Summaries) -> None:
+    """The analysed response as chips (a sampled one is shown here, the typed field stays empty); typing
+    a continuation leaves sampling, so Run analyses what was typed."""
+
+    @app.callback(
+        Output("continuation-chips", "children"),
+        Output("continuation-caption", "children"),
+        Input("analysis-view", "data"),
+        State("analysis", "data"),
+    )
+    def show_continuation(view: View | None, handle: Handle | None):
+        if not view:
+            return [], ""
+        try:
+            summary = summaries.summary(view)
+        except ApiError:
+            return [], ""
+        tokens = summary["tokens"].get("continuation") or []
+        sample = handle.get("sample") if handle and handle.get("id") == view["id"] else None
+        return continuation_chips(tokens), continuation_caption(len(tokens), sample)
+
+    @app.callback(
+        Output("sample_seed", "value", allow_duplicate=True),
+        Input("continuation", "value"),
+        State("sample_seed", "value"),
+        prevent_initial_call=True,
+    )
+    def leave_sampling(continuation: str | None, seed: int | None):
+        if not continuation or seed is None:
+            raise PreventUpdate
+        return None
+
+
+def continuation_chips(tokens: list[dict[str, Any]]) -> list[Any]:
+    return [
+        html.Span(token_label(token["text"]), title=f"id {token['id']}", className="chip response-chip")
+        for token in tokens
+    ]
+
+
+def continuation_caption(count: int, sample: dict[str, int] | None) -> str:
+    """What the chips are: the typed continuation, or the response drawn (and whether it ended early)."""
+    if not count:
+        return "" if sample is None else "the sampled response is empty: the model ended it at once"
+    if sample is None:
+        return f"analysed continuation: {count} tokens"
+    ended = " (it reached the end of sequence)" if count < sample["max_tokens"] else ""
+    return f"sampled response, seed {sample['seed']}: {count} tokens{ended}"
+
+
+def register_b_placeholders(app: dash.Dash) -> None:
+    """B's empty fields read as A's: each shows A's current value as its placeholder."""
+
+    @app.callback(
+        [Output(f"b_{key}", "placeholder") for key in B_PLACEHOLDERS],
+        [Input(key, "value") for key in B_PLACEHOLDERS],
+    )
+    def show_a(*values):
+        return [placeholder(key, value) for key, value in zip(B_PLACEHOLDERS, values, strict=True)]
+
+
+def placeholder(key: str, value: Any) -> str:
+    """`as A (0.7)`; A's empty top-k is `off`, an empty text field is just `as A`."""
+    if key == "top_k" and value in (None, ""):
+        return "as A (off)"
+    return "as A" if value in (None, "") else f"as A ({value})"

@@ -7,7 +7,16 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from frontend.plots import LAYOUT, LOG_TICKS, STAT_LABEL, Summary, layer_label, stat_for_centering
+from frontend.plots import (
+    LAYOUT,
+    LOG_TICKS,
+    PARTIAL_NOTE,
+    STAT_LABEL,
+    Summary,
+    layer_label,
+    message_figure,
+    stat_for_centering,
+)
 from frontend.slides.common import pct
 
 TITLE = "1. Small is not sparse"
@@ -25,6 +34,8 @@ def figure(summary: Summary, centering: str) -> go.Figure:
     """Share of the total held by the top q of coordinates, with the uniform (dense) line for reference,
     and the statistic summed per layer."""
     stat = stat_for_centering(centering)
+    if summary["concentration"] is None:
+        return message_figure(PARTIAL_NOTE)
     curve = summary["concentration"][stat]
     fig = make_subplots(
         rows=1,
@@ -70,6 +81,8 @@ def layer_share(summary: Summary, stat: str) -> tuple[Any, float]:
 
 def reading(summary: Summary, centering: str) -> str:
     stat = stat_for_centering(centering)
+    if summary["concentration"] is None:
+        return PARTIAL_NOTE
     at = summary["concentration"][stat]["at"]
     layer, share = layer_share(summary, stat)
     return (

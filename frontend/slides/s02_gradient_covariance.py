@@ -50,18 +50,18 @@ def figure(summary: Summary, centering: str) -> go.Figure:
         x=labels, y=row_values(top, "row_policy_grad"), name="|policy gradient|", marker_color="#d62728"
     )
     fig.add_trace(gradient, 1, 1)
-    add_overlap(fig, summary.get("overlap"))
+    add_overlap(fig, summary.get("overlap"), partial=summary.get("concentration") is None)
     fig.update_layout(**LAYOUT, barmode="group", legend={"orientation": "h", "y": -0.25})
     fig.update_yaxes(title_text="per row (‖·‖ over the row)", row=1, col=1)
     fig.update_yaxes(title_text="share of the top-q gradient set", range=[0, 1], row=1, col=2)
     return fig
 
 
-def add_overlap(fig: go.Figure, overlap: dict[str, Any] | None) -> None:
+def add_overlap(fig: go.Figure, overlap: dict[str, Any] | None, partial: bool = False) -> None:
     """Right panel: the top-q overlap of Fisher and |gradient| against its random baseline."""
     if not overlap:
         fig.add_annotation(
-            text="set a reward to see the overlap",
+            text="computed when the analysis finishes" if partial else "set a reward to see the overlap",
             showarrow=False,
             xref="x2 domain",
             yref="y2 domain",

@@ -20,7 +20,9 @@ def figure(summary: Summary, centering: str) -> go.Figure:
     """The toggle's statistic at each response position and its running sum."""
     response = summary.get("response")
     if not response:
-        return message_figure("Add a continuation to see the Fisher add up along the response.")
+        return message_figure(
+            "Add a continuation (type or Sample one) to see the Fisher add up along the response."
+        )
     label, per_position, running = response_series(summary, centering)
     if max(running, default=0.0) <= 0:
         return message_figure(
@@ -43,7 +45,10 @@ def figure(summary: Summary, centering: str) -> go.Figure:
 def reading(summary: Summary, centering: str) -> str:
     response = summary.get("response")
     if not response:
-        return "This analysis has no continuation: type one (e.g. ' coffee and') and run to see the sum."
+        return (
+            "This analysis has no continuation: type one (e.g. ' coffee and') and run, or Sample one, "
+            "to see the sum."
+        )
     label, per_position, running = response_series(summary, centering)
     total = running[-1]
     if total <= 0:

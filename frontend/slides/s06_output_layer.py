@@ -44,7 +44,10 @@ def figure(summary: Summary, centering: str) -> go.Figure:
     top_share = max([row["share"] for row in rows] or [1.0])
     top_mu = max([row["mu"] for row in rows] or [1.0])
     fig.update_yaxes(title_text="share of Σ f_row", range=[0, 1.08 * top_share], secondary_y=False)
-    fig.update_yaxes(title_text="μ", range=[0, 1.08 * top_mu], showgrid=False, secondary_y=True)
+    # its own ticks: synced to the left axis's grid they land on odd values (0.149, 0.299, ...)
+    fig.update_yaxes(
+        title_text="μ", range=[0, 1.08 * top_mu], tickmode="auto", showgrid=False, secondary_y=True
+    )
     fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.3})
     return fig
 

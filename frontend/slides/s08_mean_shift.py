@@ -6,7 +6,15 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from frontend.plots import LAYOUT, LOG_TICKS, Summary, message_figure, positive_or_none, response_labels
+from frontend.plots import (
+    LAYOUT,
+    LOG_TICKS,
+    Summary,
+    log_tickvals,
+    message_figure,
+    positive_or_none,
+    response_labels,
+)
 from frontend.slides.common import num
 
 TITLE = "8. Without centering: the mean shift"
@@ -28,7 +36,7 @@ def figure(summary: Summary, centering: str) -> go.Figure:
     """Squared accumulated mean shift against the sum of per-position terms along the response."""
     response = summary.get("response")
     if not response:
-        return message_figure("Add a continuation to see the mean shift accumulate.")
+        return message_figure("Add a continuation (type or Sample one) to see the mean shift accumulate.")
     growth = response["shift_growth"]
     labels = response_labels(summary)
     fig = go.Figure()
@@ -45,10 +53,13 @@ def figure(summary: Summary, centering: str) -> go.Figure:
         fig.add_annotation(
             text="Σ_t Fisher under μ is 0 (μ one-hot): not drawn on the log axis", **CORNER_NOTE
         )
+    drawn = [value for trace in fig.data for value in trace.y if value is not None]
     fig.update_layout(
         **LAYOUT,
         yaxis_type="log",
         yaxis_tickformat=LOG_TICKS["tickformat"],
+        yaxis_tickmode="array",
+        yaxis_tickvals=log_tickvals(drawn),
         yaxis_title="summed over all parameters (log)",
         xaxis_title="response position t: token y_t",
         legend={"orientation": "h", "y": -0.25},
@@ -67,7 +78,7 @@ def curve(
 def reading(summary: Summary, centering: str) -> str:
     response = summary.get("response")
     if not response:
-        return "This analysis has no continuation: add one to see the shift accumulate over positions."
+        return "This analysis has no continuation: type or Sample one to see the shift accumulate."
     growth = response["shift_growth"]
     shift, variances = growth["accumulated_shift_sq"][-1], growth["sum_variances"][-1]
     T = response["T"]

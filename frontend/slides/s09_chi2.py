@@ -41,7 +41,7 @@ def figure(summary: Summary, centering: str) -> go.Figure:
     (1 + c)^t with c the smallest per-position chi^2."""
     response = summary.get("response")
     if not response:
-        return message_figure("Add a continuation to see the χ² signal grow along the response.")
+        return message_figure("Add a continuation (type or Sample one) to see the χ² signal grow.")
     labels = response_labels(summary)
     chi2 = response["chi2"]
     log10_running = [total / math.log(10) for total in response["log_one_plus_chi2_cum"]]
@@ -127,7 +127,7 @@ def set_decade_axes(fig: go.Figure, left: Range, right: Range) -> None:
 def reading(summary: Summary, centering: str) -> str:
     response = summary.get("response")
     if not response:
-        return "This analysis has no continuation: add one to see χ² per position and its product."
+        return "This analysis has no continuation: type or Sample one to see χ² per position and its product."
     chi2 = response["chi2"]
     log_total = response["log_one_plus_chi2_cum"][-1]
     return (

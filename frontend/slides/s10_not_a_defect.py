@@ -39,6 +39,18 @@ def figure(summary: Summary, centering: str) -> go.Figure:
         mode="markers+lines",
     )
     fig.add_trace(fisher_p, secondary_y=True)
+    # both from 0 with their own ticks: left to itself Plotly syncs the right axis's ticks to the left
+    # one's grid, which puts negative values on an axis of a non-negative quantity
+    top_shift = max([token["row_shift_sq"] for token in top] or [1.0]) or 1.0
+    top_fisher = max([token["row_fisher_p"] for token in top] or [1.0]) or 1.0
+    fig.update_yaxes(title_text="row mean shift²", range=[0, 1.08 * top_shift], secondary_y=False)
+    fig.update_yaxes(
+        title_text="on-policy row Fisher",
+        range=[0, 1.08 * top_fisher],
+        tickmode="auto",
+        showgrid=False,
+        secondary_y=True,
+    )
     fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.3})
     return fig
 

@@ -1,0 +1,121 @@
+"""The study page's view of the HTTP API: /api/v1/studies, and the finished studies it has read, by id.
+
+Why a cache here: the browser holds a study's id and status only, never its summary (a SmolLM2 study's
+summary is hundreds of KB); the callbacks that draw read the summary by id from this process, which
+asks the API once per finished study (a finished study never changes: its id is its request's hash).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+from frontend.api_client import API_PREFIX, ApiClient, ApiError
+from frontend.studies.form import PromptLine
+
+KEPT_STUDIES = 16  # finished studies kept in this process (a few hundred KB each)
+KEPT_PROMPTS = 1024  # token ids of prompt texts, to match the form's lines with a study's prompts
+
+
+class StudyClient:
+    """Studies over HTTP (`ApiClient` for transport and error messages), and finished ones by id."""
+
+    def __init__(self, api: ApiClient, public_base_url: str | None = None) -> None:
+        self.api = api
+        self.public_base_url = (public_base_url or api.base_url).rstrip("/")
+        self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._ids: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def models(self) -> list[dict[str, Any]]:
+        return self.api.models()
+
+    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a study: `StudyPublic`, done at once when cached (200), else queued (202)."""
+        study = self.api.request("POST", "/studies", json=body).json()
+        self._keep(study)
+        return study
+
+    def study(self, study_id: str) -> dict[str, Any]:
+        """GET a study: status, parts, and when done its summary (from here when read before)."""
+        with self._lock:
+            if study_id in self._done:
+                self._done.move_to_end(study_id)
+                return self._done[study_id]
+        study = self.api.request("GET", f"/studies/{quote(study_id, safe='')}").json()
+        self._keep(study)
+        return study
+
+    def finished(self, study_id: str) -> dict[str, Any]:
+        """A finished study with its summary; ApiError when it is not (or no longer) done."""
+        study = self.study(study_id)
+        if study.get("status") != "done" or not isinstance(study.get("summary"), dict):
+            raise ApiError(f"study {study_id[:12]}… is {study.get('status')}, not done")
+        return study
+
+    def prompt_ids(self, model: str, text: str) -> list[int] | None:
+        """The token ids a study gives a prompt (special tokens included); None when the API cannot say."""
+        key = (model, text)
+        with self._lock:
+            if key in self._ids:
+                return self._ids[key]
+        try:
+            body = self.api.request(
+                "GET", "/tokenize", params={"model": model, "text": text, "special_tokens": True}
+            ).json()
+            ids = [int(token["id"]) for token in body["tokens"]]
+        except (ApiError, KeyError, TypeError, ValueError):
+            return None
+        with self._lock:
+            self._ids[key] = ids
+            while len(self._ids) > KEPT_PROMPTS:
+                self._ids.popitem(last=False)
+        return ids
+
+    def prompt_texts(self, study: dict[str, Any], lines: Sequence[PromptLine]) -> list[str | None]:
+        """The form's prompt texts where they are this study's prompts (the same token ids), else None.
+
+        The API keeps a study's prompts as token ids; the form's text is shown beside them only where
+        it tokenizes to those ids, so an edited form never labels another study's responses.
+        """
+        model = study["request"]["model"]
+        texts: list[str | None] = []
+        for index, prompt in enumerate(study["request"]["prompts"]):
+            line = lines[index] if index < len(lines) else None
+            same = line is not None and self.prompt_ids(model, line.prompt) == prompt["input_ids"]
+            texts.append(line.prompt if same and line is not None else None)
+        return texts
+
+    def masks_url(self, study_id: str) -> str:
+        """Where the browser downloads the masks (safetensors, `q<q>/<param name>`, uint8)."""
+        return f"{self.public_base_url}{API_PREFIX}/studies/{quote(study_id, safe='')}/masks"
+
+    def _keep(self, study: dict[str, Any]) -> None:
+        if study.get("status") != "done" or not isinstance(study.get("summary"), dict):
+            return
+        with self._lock:
+            self._done[study["id"]] = study
+            self._done.move_to_end(study["id"])
+            while len(self._done) > KEPT_STUDIES:
+                self._done.popitem(last=False)
+
+
+def status_of(study: dict[str, Any]) -> dict[str, Any]:
+    """What the browser keeps of a study: a few fields per prompt, never the summary."""
+    return {
+        "id": study["id"],
+        "status": study.get("status"),
+        "progress": float(study.get("progress") or 0.0),
+        "error": study.get("error"),
+        "parts": [
+            {key: part.get(key) for key in ("prompt_index", "status", "progress", "stage", "error")}
+            for part in study.get("parts") or []
+        ],
+    }
+
+
+def is_settled(status: dict[str, Any] | None) -> bool:
+    return not status or status.get("status") in ("done", "failed", "missing")

@@ -1,0 +1,134 @@
+"""The study page's figures: pure functions of a finished study's summary (its JSON, as the API sends it).
+
+Why each share sits beside a baseline: a mask that holds 40% of its coordinates in one layer says
+something only next to that layer's share of all parameters (where a random mask of the same density
+would put 40% too), and an estimator's top-q overlap with the exact mask only next to chance (q).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from frontend.studies.form import percent
+
+MASK_COLOR = "#d62728"
+PARAMS_COLOR = "#9aa5b1"
+ESTIMATOR_COLORS = {"mc_fisher": "#1f77b4", "empirical_fisher": "#ff7f0e"}
+ESTIMATOR_NAMES = {"mc_fisher": "Monte Carlo Fisher", "empirical_fisher": "empirical Fisher"}
+LEGEND_NAMES = {"mc_fisher": "MC Fisher", "empirical_fisher": "empirical Fisher"}
+REWARD_COLORS = {None: "#1f77b4", 0.0: "#9aa5b1", 1.0: "#2ca02c"}
+FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, DejaVu Sans, sans-serif", "size": 12}
+
+
+def _layout(figure: go.Figure, title: str, height: int = 320) -> go.Figure:
+    figure.update_layout(
+        title={"text": title, "x": 0, "xanchor": "left", "y": 0.98, "yanchor": "top", "font": {"size": 14}},
+        height=height,
+        margin={"l": 60, "r": 20, "t": 64, "b": 40},
+        font=FONT,
+        plot_bgcolor="#fff",
+        paper_bgcolor="#fff",
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "xanchor": "left"},
+        barmode="group",
+    )
+    figure.update_yaxes(gridcolor="#eee", zeroline=False)
+    return figure
+
+
+def mask_groups_figure(rows: list[dict[str, Any]], n_params: int, q: float, by: str) -> go.Figure:
+    """The top-q mask's share per group (layer or module kind) beside the group's share of parameters."""
+    groups = [str(row["group"]) for row in rows]
+    hover = [
+        f"{row['count']:,} of the mask's coordinates; {row['size']:,} parameters; "
+        f"{row['density']:.3%} of the group is in the mask (q = {q:.3%})"
+        for row in rows
+    ]
+    figure = go.Figure(
+        [
+            go.Bar(
+                x=groups,
+                y=[row["share_of_mask"] for row in rows],
+                name=f"share of the top-{percent(q)} mask",
+                marker_color=MASK_COLOR,
+                hovertext=hover,
+                hovertemplate="%{x}: %{y:.2%} of the mask<br>%{hovertext}<extra></extra>",
+            ),
+            go.Bar(
+                x=groups,
+                y=[row["size"] / n_params if n_params else 0.0 for row in rows],
+                name="share of all parameters",
+                marker_color=PARAMS_COLOR,
+                hovertemplate="%{x}: %{y:.2%} of the parameters<extra></extra>",
+            ),
+        ]
+    )
+    _layout(figure, f"Top-{percent(q)} mask per {by}", height=340)
+    figure.update_xaxes(type="category", automargin=True)
+    figure.update_yaxes(tickformat=".0%", title="share", rangemode="tozero")
+    return figure
+
+
+def estimator_overlap_figure(estimators: dict[str, Any]) -> go.Figure:
+    """Each estimator's top-q set against the exact F's (overlap |A n B| / |A|), beside chance (q)."""
+    figure = go.Figure()
+    fractions: list[float] = []
+    for key, name in ESTIMATOR_NAMES.items():
+        entry = estimators.get(key) or {}
+        if not entry.get("available"):
+            continue
+        compared = entry["top_q_vs_fisher"]
+        fractions = compared["q"]
+        figure.add_bar(
+            x=[percent(q) for q in compared["q"]],
+            y=compared["overlap"],
+            name=LEGEND_NAMES[key],
+            marker_color=ESTIMATOR_COLORS[key],
+            hovertemplate=f"{name}, top %{{x}}: %{{y:.2%}} of its set is in the exact F's<extra></extra>",
+        )
+    if fractions:
+        figure.add_scatter(
+            x=[percent(q) for q in fractions],
+            y=fractions,
+            mode="markers",
+            name="chance",
+            marker={"symbol": "line-ew-open", "size": 28, "color": "#222", "line": {"width": 3}},
+            hovertemplate="chance for unrelated sets of density %{x}: %{y:.2%}<extra></extra>",
+        )
+    _layout(figure, "Top-q overlap with the exact F's set", height=340)
+    figure.update_xaxes(type="category")
+    figure.update_yaxes(tickformat=".0%", range=[0, 1.05], title="overlap")
+    return figure
+
+
+def response_fisher_figure(responses: list[dict[str, Any]], rewarded: bool) -> go.Figure:
+    """Each response's Fisher total (sum over its positions), coloured by its reward when there is one."""
+    figure = go.Figure()
+    for reward, color in REWARD_COLORS.items():
+        chosen = [r for r in responses if _reward_key(r.get("reward")) == reward]
+        if not chosen:
+            continue
+        name = "responses" if reward is None else f"reward {reward:g}"
+        figure.add_bar(
+            x=[response_label(r) for r in chosen],
+            y=[r["totals"]["fisher"] for r in chosen],
+            name=name,
+            marker_color=color,
+            hovertemplate="%{x}: F = %{y:.4g}<extra></extra>",
+            showlegend=rewarded,
+        )
+    _layout(figure, "Fisher total per response (sum over its positions)", height=260)
+    figure.update_xaxes(
+        type="category", categoryorder="array", categoryarray=[response_label(r) for r in responses]
+    )
+    figure.update_yaxes(title="F", rangemode="tozero")
+    return figure
+
+
+def response_label(response: dict[str, Any]) -> str:
+    return f"P{response['prompt_index'] + 1}·R{response['response_index'] + 1}"
+
+
+def _reward_key(reward: float | None) -> float | None:
+    return None if reward is None else float(reward >= 0.5)

@@ -1,0 +1,199 @@
+"""The study page: the form on the left; the study's progress, then its results, on the right.
+
+Only components and their ids live here; what they do is in `frontend.studies.callbacks`. The stores
+hold a study's id and status (a few fields per prompt), never its summary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import dcc, html
+
+from frontend.studies.form import DEFAULTS, ENGINES, PROMPT_SYNTAX, REWARDS, SAMPLER_KINDS
+from frontend.studies.tables import DEFAULT_SORT
+
+GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+POLL_MS = 700
+HEATMAP_NOTE = (
+    "A heatmap of where the mask lands inside each matrix needs a pooled per-tensor view of a study's F "
+    "and mask from the API (it has one for analyses only); until then, the mask per tensor is this table."
+)
+
+
+def labelled(label: str, component: Any, hint: str | None = None) -> html.Div:
+    children = [html.Label(label, className="control-label"), component]
+    if hint:
+        children.append(html.Div(hint, className="control-hint"))
+    return html.Div(children, className="control")
+
+
+def number(id: str, **options: Any) -> dcc.Input:
+    return dcc.Input(id=id, type="number", value=DEFAULTS[id], className="num-input", **options)
+
+
+def page() -> html.Div:
+    return html.Div(
+        [
+            dcc.Location(id="url"),
+            dcc.Location(id="url-out", refresh=False),
+            dcc.Store(id="restored", data=False),
+            dcc.Store(id="study"),  # {"id", "asked"}: the study on the page, and when it was asked for
+            dcc.Store(id="status"),  # `client.status_of`: status and parts, no summary
+            dcc.Store(id="tensor-sort", data=DEFAULT_SORT),
+            dcc.Interval(id="poll", interval=POLL_MS, disabled=True),
+            html.Div(
+                [
+                    html.H1("fisherscope · studies"),
+                    html.Span(
+                        "the exact Fisher over a prompt set, its masks, and the estimators people use",
+                        className="tagline",
+                    ),
+                    html.A("single-prefix dashboard", href="/", className="header-link"),
+                ],
+                className="header",
+            ),
+            html.Div(id="message", className="message"),
+            html.Div(
+                [form(), html.Div([html.Div(id="progress"), results()], className="content")],
+                className="main",
+            ),
+        ]
+    )
+
+
+def form() -> html.Div:
+    return html.Div(
+        [
+            labelled(
+                "Model",
+                dcc.Dropdown(
+                    id="model", options=[DEFAULTS["model"]], value=DEFAULTS["model"], clearable=False
+                ),
+            ),
+            labelled(
+                "Prompts",
+                dcc.Textarea(
+                    id="prompts", value=DEFAULTS["prompts"], className="prompts-input", spellCheck=False
+                ),
+                PROMPT_SYNTAX,
+            ),
+            html.Div(
+                [
+                    labelled("K responses", number("samples", min=1, max=64, step=1)),
+                    labelled("L max tokens", number("max_tokens", min=1, max=256, step=1)),
+                    labelled("seed", number("seed", min=0, step=1)),
+                ],
+                className="row",
+            ),
+            labelled(
+                "Sampler",
+                dcc.RadioItems(
+                    id="sampler", options=list(SAMPLER_KINDS), value=DEFAULTS["sampler"], inline=True
+                ),
+            ),
+            html.Div(
+                [
+                    labelled("temperature", number("temperature", min=0, step=0.1)),
+                    labelled("top-k", number("top_k", min=1, step=1, placeholder="off")),
+                    labelled("top-p", number("top_p", min=0, max=1, step=0.05)),
+                ],
+                className="row",
+            ),
+            labelled(
+                "engine",
+                dcc.RadioItems(id="engine", options=list(ENGINES), value=DEFAULTS["engine"], inline=True),
+            ),
+            labelled(
+                "Method",
+                dcc.Input(id="method", type="text", value=DEFAULTS["method"], className="text-input"),
+                "exact | truncated:F (the top F of the mass, exactly) | mc:S (S sampled directions)",
+            ),
+            labelled(
+                "Reward",
+                dcc.RadioItems(id="reward", options=list(REWARDS), value=DEFAULTS["reward"], inline=True),
+                "1 or 0 per response: exact = equals the target; regex = the pattern matches the response",
+            ),
+            labelled(
+                "Regex pattern",
+                dcc.Input(id="pattern", type="text", value=DEFAULTS["pattern"], className="text-input"),
+                "{target} stands for the prompt's target (escaped, outer spaces stripped)",
+            ),
+            labelled(
+                "Mask densities (%)",
+                dcc.Input(id="densities", type="text", value=DEFAULTS["densities"], className="text-input"),
+                "the top q of all parameters by F; 1 = the top 1% (the paper's 1% is always computed)",
+            ),
+            html.Button("Run", id="run", n_clicks=0, className="run-button"),
+        ],
+        className="controls",
+    )
+
+
+def section(title: str, children: list[Any], id: str) -> html.Div:
+    return html.Div([html.H3(title), *children], id=id, className="section")
+
+
+def results() -> html.Div:
+    """Everything a finished study shows; hidden until one is done."""
+    return html.Div(
+        [
+            html.Div(id="overview", className="section overview"),
+            html.Div(
+                [
+                    html.Label("Share link", className="control-label"),
+                    dcc.Input(id="share-link", type="text", readOnly=True, className="share-link"),
+                ],
+                className="share",
+            ),
+            section(
+                "Responses",
+                [
+                    dcc.Graph(id="response-figure", config=GRAPH_CONFIG),
+                    html.Div(id="prompts-section", className="scroll"),
+                    html.Div(id="responses-section", className="scroll"),
+                ],
+                "responses",
+            ),
+            section(
+                "Where the mask lands",
+                [
+                    html.Div(
+                        [
+                            html.Span("mask density q: ", className="control-label inline"),
+                            dcc.RadioItems(id="view-q", options=[], inline=True),
+                        ],
+                        className="row view-q",
+                    ),
+                    html.Div(
+                        [
+                            dcc.Graph(id="layers-figure", config=GRAPH_CONFIG),
+                            dcc.Graph(id="kinds-figure", config=GRAPH_CONFIG),
+                        ],
+                        className="grid-2",
+                    ),
+                    html.Div(id="mask-caption", className="control-hint"),
+                    html.Div(id="tensor-section", className="scroll tall"),
+                    html.Div(HEATMAP_NOTE, className="control-hint"),
+                ],
+                "masks",
+            ),
+            section(
+                "Estimators against the exact Fisher",
+                [
+                    html.Div(
+                        [
+                            dcc.Graph(id="estimator-figure", config=GRAPH_CONFIG),
+                            html.Div(id="estimator-notes"),
+                        ],
+                        className="grid-2",
+                    ),
+                    html.Div(id="estimator-section", className="scroll"),
+                ],
+                "estimators",
+            ),
+            section("The paper's statistics, on this model", [html.Div(id="paper-section")], "paper"),
+        ],
+        id="results",
+        style={"display": "none"},
+    )

@@ -1,0 +1,170 @@
+"""Drawing a finished study: responses, where the mask lands, the estimators, the paper's statistics.
+
+Why from the status only: the browser's `status` store says which study is done; the summary is read by
+id from this process (`StudyClient`, one GET per finished study), so redrawing for another mask density
+or another sort order asks the API nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import ALL, Input, Output, State, ctx, html
+from dash.exceptions import PreventUpdate
+
+from frontend.api_client import ApiError
+from frontend.studies.client import StudyClient
+from frontend.studies.figures import (
+    ESTIMATOR_NAMES,
+    estimator_overlap_figure,
+    mask_groups_figure,
+    response_fisher_figure,
+)
+from frontend.studies.form import parse_prompts, percent
+from frontend.studies.panels import overview, paper_panel
+from frontend.studies.tables import (
+    DEFAULT_SORT,
+    MAX_RESPONSES,
+    estimator_table,
+    num,
+    prompts_table,
+    responses_table,
+    tensor_table,
+)
+
+PROMPTS_NOTE = (
+    "Per prompt: F of its K responses (summed); and F at the prompt (its responses' first position) under "
+    "the model's p and under the uniform sampler, whose ratio summed over the prompts is the paper's "
+    "model-vs-uniform statistic below. Prompt text is the form's, shown where it tokenizes to the study's."
+)
+HIDDEN, SHOWN = {"display": "none"}, {"display": "block"}
+PAPER_Q = "0.01"
+DRAWN = [
+    "overview",
+    "response-figure",
+    "prompts-section",
+    "responses-section",
+    "estimator-figure",
+    "estimator-notes",
+    "estimator-section",
+    "paper-section",
+]
+DRAWN_PROPS = {"response-figure": "figure", "estimator-figure": "figure"}
+
+
+def register(app: dash.Dash, client: StudyClient) -> None:
+    register_study(app, client)
+    register_masks(app, client)
+    register_sort(app)
+
+
+def finished(client: StudyClient, status: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The finished study the status names, or None while it is not done (or no longer readable)."""
+    if not status or status.get("status") != "done":
+        return None
+    try:
+        return client.finished(status["id"])
+    except ApiError:
+        return None
+
+
+def register_study(app: dash.Dash, client: StudyClient) -> None:
+    @app.callback(
+        Output("results", "style"),
+        [Output(key, DRAWN_PROPS.get(key, "children")) for key in DRAWN],
+        Output("view-q", "options"),
+        Output("view-q", "value", allow_duplicate=True),
+        Input("status", "data"),
+        State("prompts", "value"),
+        State("view-q", "value"),
+        prevent_initial_call=True,
+    )
+    def draw_study(status: dict[str, Any] | None, prompts: str | None, view_q: str | None):
+        study = finished(client, status)
+        if study is None:
+            return [HIDDEN] + [dash.no_update] * (len(DRAWN) + 2)
+        summary = study["summary"]
+        texts = client.prompt_texts(study, parse_prompts(prompts or "")[0])
+        rewarded = summary["spec"].get("reward") is not None
+        on_policy = bool(summary["spec"]["sampler"].get("on_policy"))
+        keys = list(summary["masks"]["by_q"])
+        options = [{"label": percent(float(key)), "value": key} for key in keys]
+        chosen = view_q if view_q in keys else (PAPER_Q if PAPER_Q in keys else keys[0])
+        return [
+            SHOWN,
+            overview(study, client.masks_url(study["id"])),
+            response_fisher_figure(summary["responses"][:MAX_RESPONSES], rewarded),
+            [prompts_table(summary, texts), html.Div(PROMPTS_NOTE, className="control-hint")],
+            responses_table(summary, texts),
+            estimator_overlap_figure(summary["estimators"]),
+            estimator_notes(summary["estimators"]),
+            estimator_table(summary["estimators"], on_policy),
+            paper_panel(summary),
+            options,
+            chosen,
+        ]
+
+
+def estimator_notes(estimators: dict[str, Any]) -> list[Any]:
+    """What the estimators are and how they are scored."""
+    notes: list[Any] = [
+        html.P(
+            "Relative L2 error = ||F_est - F|| / ||F|| over all parameters, each an average over the "
+            "study's responses (the empirical Fisher over the prompts' targets). Overlap = |A ∩ B| / |A| "
+            "of the top-q sets; unrelated sets of density q overlap by q (chance), Jaccard by q / (2 - q)."
+        )
+    ]
+    for key, name in ESTIMATOR_NAMES.items():
+        definition = (estimators.get(key) or {}).get("definition")
+        if definition:
+            notes.append(html.P([html.B(name), ": ", definition.split(": ", 1)[-1]]))
+    return notes
+
+
+def register_masks(app: dash.Dash, client: StudyClient) -> None:
+    @app.callback(
+        Output("layers-figure", "figure"),
+        Output("kinds-figure", "figure"),
+        Output("mask-caption", "children"),
+        Output("tensor-section", "children"),
+        Input("view-q", "value"),
+        Input("tensor-sort", "data"),
+        Input("status", "data"),
+    )
+    def draw_masks(view_q: str | None, sort: dict[str, Any] | None, status: dict[str, Any] | None):
+        study = finished(client, status)
+        if study is None or not view_q or view_q not in study["summary"]["masks"]["by_q"]:
+            raise PreventUpdate
+        summary = study["summary"]
+        shares = summary["masks"]["by_q"][view_q]
+        q, n_params = float(shares["q"]), summary["counts"]["n_params"]
+        caption = (
+            f"The top {percent(q)} mask holds {shares['count']:,} of the {n_params:,} coordinates (F ≥ "
+            f"{num(shares['threshold'])}). Red: its share per group; grey: the group's share of all "
+            "parameters, where a random mask of the same density would put it. Per tensor below: a column "
+            "heading sorts; density / q above 1 means the mask is denser there than overall."
+        )
+        return (
+            mask_groups_figure(shares["layers"], n_params, q, "layer"),
+            mask_groups_figure(shares["kinds"], n_params, q, "module kind"),
+            caption,
+            tensor_table(shares, q, sort or DEFAULT_SORT),
+        )
+
+
+def register_sort(app: dash.Dash) -> None:
+    @app.callback(
+        Output("tensor-sort", "data"),
+        Input({"type": "tensor-sort", "column": ALL}, "n_clicks"),
+        State("tensor-sort", "data"),
+        prevent_initial_call=True,
+    )
+    def sort_by(clicks: list[int | None], sort: dict[str, Any] | None):
+        if not isinstance(ctx.triggered_id, dict) or not any(clicks):
+            raise PreventUpdate
+        column = ctx.triggered_id["column"]
+        sort = sort or DEFAULT_SORT
+        if sort.get("column") == column:
+            return {"column": column, "descending": not sort.get("descending", True)}
+        return {"column": column, "descending": column != "name"}

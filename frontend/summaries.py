@@ -1,0 +1,123 @@
+"""What the figures draw, fetched on the dashboard's server for an analysis id and kept a while.
+
+Why this exists: a whole summary held in the browser is posted back on every callback, and a response
+of a few tokens outgrows any body limit (DESIGN.md 6, the 413). So the browser holds ids and view state
+only; the callbacks run here, in Python, and ask the API for the part a figure needs: the overview (the
+summary with its first position whole), one position, one tensor's pooled view, a compare. A finished
+analysis never changes, so each answer is kept by id in a small LRU and a slide step or a centering
+toggle asks the API nothing. A running analysis's partial result is kept by (id, kept share): each
+refinement is a new key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, TypedDict
+
+from frontend.api_client import ApiClient
+
+VIEWS_KEPT = 96  # a few analyses' overviews, positions, pooled views and compares
+
+
+class View(TypedDict):
+    """What the browser holds of an analysis to draw: its id and, while it runs, the partial's share."""
+
+    id: str
+    kept_share: float | None
+
+
+class LruCache:
+    """A thread-safe least-recently-used map (Dash answers callbacks on several threads).
+
+    A new analysis sets off every figure's callback at once, all wanting the same overview: one of them
+    asks the API, the others wait for its answer (a lock per key being fetched), and a slow answer for
+    one key never holds up another.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self.lock = threading.Lock()
+        self.fetching: dict[Hashable, threading.Lock] = {}
+
+    def get(self, key: Hashable, fetch: Callable[[], Any]) -> Any:
+        """The kept value for `key`, else `fetch()`'s, fetched once however many ask at the same time."""
+        with self.lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                return self.entries[key]
+            key_lock = self.fetching.setdefault(key, threading.Lock())
+        with key_lock:
+            with self.lock:
+                if key in self.entries:  # fetched by another caller while this one waited
+                    return self.entries[key]
+            try:
+                value = fetch()
+                self.put(key, value)
+            finally:
+                with self.lock:
+                    self.fetching.pop(key, None)
+            return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self.lock:
+            self.entries[key] = value
+            self.entries.move_to_end(key)
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+
+
+class Summaries:
+    """The API's views of analyses, by id, for the figures: the only way a callback reads a result."""
+
+    def __init__(self, api: ApiClient, size: int = VIEWS_KEPT) -> None:
+        self.api = api
+        self.cache = LruCache(size)
+
+    def summary(self, view: View) -> dict[str, Any]:
+        """What the slides draw: the overview of a finished analysis, or the partial result so far."""
+        if view.get("kept_share") is None:
+            return self.overview(view["id"])
+        return self.cache.get(("partial", view["id"], view["kept_share"]), lambda: self._latest(view["id"]))
+
+    def _latest(self, analysis_id: str) -> dict[str, Any]:
+        """A partial this process has not seen (another dashboard process polled it): ask again; by now
+        the analysis may be done, then its overview."""
+        body = self.api.analysis(analysis_id)
+        if body.get("status") == "running" and body.get("partial"):
+            return body["partial"]["result"]
+        return self.overview(body["id"])
+
+    def remember_partial(self, analysis_id: str, kept_share: float, result: dict[str, Any]) -> None:
+        """The partial result a poll just read, so drawing it asks the API nothing more."""
+        self.cache.put(("partial", analysis_id, kept_share), result)
+
+    def overview(self, analysis_id: str) -> dict[str, Any]:
+        return self.cache.get(("overview", analysis_id), lambda: self.api.overview(analysis_id))
+
+    def position(self, view: View, index: int) -> dict[str, Any]:
+        """One position's whole summary; a partial result carries its positions itself."""
+        summary = self.summary(view)
+        if index == 0 or view.get("kept_share") is not None:
+            return summary["positions"][min(index, len(summary["positions"]) - 1)]
+        return self.cache.get(("position", view["id"], index), lambda: self.api.position(view["id"], index))
+
+    def pooled(self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64) -> dict:
+        key = ("pooled", analysis_id, tensor, stat, rows, cols)
+        return self.cache.get(key, lambda: self.api.pooled(analysis_id, tensor, stat, rows, cols))
+
+    def compare(self, a: str, b: str) -> dict[str, Any]:
+        return self.cache.get(("compare", a, b), lambda: self.api.compare(a, b))
+
+
+def position_entries(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every analysed position in brief ({index, context_length, target}): the overview's index, or, for
+    a partial result (which carries its positions whole), read off the positions themselves."""
+    if summary.get("position_index") is not None:
+        return summary["position_index"]
+    return [
+        {"index": i, "context_length": p["context_length"], "target": p.get("target")}
+        for i, p in enumerate(summary["positions"])
+    ]
