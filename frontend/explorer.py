@@ -71,12 +71,13 @@ def position_spectrum(position: dict[str, Any], position_index: int) -> go.Figur
             "C_μ is zero here: μ is one-hot on one token<br>(data sampler), so nothing varies."
         )
     fig = spectrum_curves(spec)
+    rank = max(spec["numerical_rank"], 1)
     fig.add_vline(
-        x=max(spec["numerical_rank"], 1),
+        x=rank,
         line_dash="dash",
         line_color="grey",
         annotation_text=f"numerical rank {spec['numerical_rank']}",
-        annotation_position="top left",
+        annotation_position=f"top {label_side(rank, len(eigenvalues))}",
     )
     bound_note = mark_rank_bound(fig, spec["rank_bound"], len(eigenvalues))
     fig.update_layout(
@@ -113,6 +114,11 @@ def spectrum_curves(spec: dict[str, Any]) -> go.Figure:
     return fig
 
 
+def label_side(x: float, dimension: int) -> str:
+    """Which side of a vertical mark its label goes: towards the middle, so it stays inside the plot."""
+    return "right" if x < dimension / 2 else "left"
+
+
 def mark_rank_bound(fig: go.Figure, bound: int, dimension: int) -> str:
     """Mark the rank bound n - 1 where it lies inside the spectrum; the title's note on it."""
     if bound >= dimension:
@@ -122,7 +128,7 @@ def mark_rank_bound(fig: go.Figure, bound: int, dimension: int) -> str:
         line_dash="dot",
         line_color="#d62728",
         annotation_text=f"rank bound n − 1 = {bound:,}",
-        annotation_position="bottom left",
+        annotation_position=f"bottom {label_side(bound, dimension)}",
     )
     return f"rank bound n − 1 = {bound:,} (marked)"
 

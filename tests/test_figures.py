@@ -513,3 +513,14 @@ def test_mismatch_axes_start_at_zero_with_their_own_ticks(summary):
     assert figure.layout.yaxis.range[0] == 0 and figure.layout.yaxis2.range[0] == 0
     assert figure.layout.yaxis.range[1] >= max(token["row_shift_sq"] for token in top)
     assert figure.layout.yaxis2.range[1] >= max(token["row_fisher_p"] for token in top)
+
+
+def test_spectrum_marks_keep_their_labels_inside_the_plot(summary):
+    """A rank far left of d is labelled to the right of its mark, one near d to the left."""
+    spec = summary["positions"][0]["spectrum"]
+    d = len(spec["eigenvalues"])
+    for rank, side in ((3, "right"), (d - 2, "left")):
+        position = {**summary["positions"][0], "spectrum": {**spec, "numerical_rank": rank}}
+        figure = explorer.position_spectrum(position, 0)
+        label = next(a for a in figure.layout.annotations if a.text.startswith("numerical rank"))
+        assert label.xanchor == ("left" if side == "right" else "right")

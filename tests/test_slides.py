@@ -138,8 +138,11 @@ def test_output_layer_reading_quotes_the_bound(summary):
     outside = next(bound for bound in output["concentration_bound"] if bound["top_tokens"] == 20)
     sentence = s06_output_layer.reading(summary, "on")
     others = summary["model"]["vocab_size"] - 20
-    assert f"The other {others:,} rows share {pct(outside['share_outside'])}, under the bound " in sentence
-    assert sentence.endswith(f"{pct(outside['bound'])}.")
+    # 7.93% under 7.94%: as many digits as tell the share from its bound (both 7.9% at two)
+    share = f"{100 * outside['share_outside']:.3g}%"
+    assert pct(outside["share_outside"]) == pct(outside["bound"]) and share == "7.93%"
+    assert f"The other {others:,} rows share {share}, under the bound " in sentence
+    assert sentence.endswith(f"{100 * outside['bound']:.3g}%.")
 
 
 def test_output_layer_reading_with_a_null_bound_under_a_logit_map(summary):
@@ -382,3 +385,8 @@ def test_a_compare_asked_before_its_top_q_sets_are_written_is_asked_again(summar
     assert not refused.value.retry and "different parameter names" in str(refused.value)
     with pytest.raises(NotReady, match="Waiting for A to finish"):
         fetch(summaries, {"id": ID_A, "kept_share": 0.5}, done_b)
+
+
+def test_a_share_just_under_its_bound_is_written_with_the_digits_that_tell_them_apart():
+    assert s06_output_layer.distinct_pcts(0.04712, 0.04718) == ("4.71%", "4.72%")
+    assert s06_output_layer.distinct_pcts(0.02, 0.31) == (pct(0.02), pct(0.31))

@@ -70,6 +70,15 @@ def rows_sentence(output: dict[str, Any]) -> str:
     )
 
 
+def distinct_pcts(share: float, bound: float) -> tuple[str, str]:
+    """Both as percentages, with as many digits as it takes to tell them apart (never '4.7% under 4.7%')."""
+    for digits in (2, 3, 4, 5):
+        written = (f"{100 * share:.{digits}g}%", f"{100 * bound:.{digits}g}%")
+        if written[0] != written[1] or share == bound:
+            break
+    return (pct(share), pct(bound)) if digits == 2 else written
+
+
 def outside_sentence(summary: Summary, output: dict[str, Any]) -> str:
     """The share of the rows beyond the 20 shown, against the essay's bound where the engine states it."""
     outside = next((b for b in output["concentration_bound"] if b["top_tokens"] == ROWS_NAMED), None)
@@ -78,7 +87,8 @@ def outside_sentence(summary: Summary, output: dict[str, Any]) -> str:
     others = f" The other {int(summary['model']['vocab_size']) - ROWS_NAMED:,} rows share "
     share = pct(outside["share_outside"])
     if outside["bound"] is not None:
-        return f"{others}{share}, under the bound {pct(outside['bound'])}."
+        share, bound = distinct_pcts(outside["share_outside"], outside["bound"])
+        return f"{others}{share}, under the bound {bound}."
     if output.get("logit_map"):
         return f"{others}{share}; the bound is not stated for a non-linear logit map (softcapped logits)."
     return f"{others}{share}; the bound is not stated for a one-hot μ (1 − Σμ² = 0)."
