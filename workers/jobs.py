@@ -207,8 +207,9 @@ def execute_analysis(
                     analysis_id, {"kept_share": kept, "result": summary}
                 ),
             )
-            store.save_result(analysis_id, analysis.summary, pooled_within_budget(analysis, store, settings))
+            # the top-q sets first: an analysis that reads as done can be compared at once
             write_levels(analysis, settings.levels_path(analysis_id), settings)
+            store.save_result(analysis_id, analysis.summary, pooled_within_budget(analysis, store, settings))
         except BaseException as error:  # includes RQ's timeout; the job must end failed, never running
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):

@@ -331,7 +331,9 @@ class ModelPool:
         self.device = device
         self.fetch = fetch
         self._models: dict[str, LoadedModel] = {}
-        self._locks: dict[str, threading.Lock] = {}
+        # one load at a time in the process: transformers' loading is not thread-safe (two models
+        # loading at once on two threads fail with "Cannot copy out of meta tensor")
+        self._loading = threading.Lock()
         self._guard = threading.Lock()
 
     def get(self, id_or_path: str) -> LoadedModel:
@@ -339,8 +341,7 @@ class ModelPool:
         with self._guard:
             if id_or_path in self._models:
                 return self._models[id_or_path]
-            lock = self._locks.setdefault(id_or_path, threading.Lock())
-        with lock:  # one loader per id; other threads asking for it wait here
+        with self._loading:  # other threads asking for any model wait here
             with self._guard:
                 if id_or_path in self._models:
                     return self._models[id_or_path]
