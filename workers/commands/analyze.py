@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from workers.commands.common import UsageError, quiet_transformers
+from workers.commands.common import UsageError, progress_bar, quiet_transformers
 
 
 def parse_rewards(items: Sequence[str]) -> dict[str, float]:
@@ -148,24 +147,10 @@ def _resolve_model(args: argparse.Namespace):
 
 def _run_with_progress(loaded, job, settings, rate: float):
     """Run the engine with a tqdm bar on stderr fed by its (stage, fraction) callback."""
-    from tqdm import tqdm
-
     from workers.jobs import analyze_job
 
-    with tqdm(
-        total=100,
-        desc="analyze",
-        unit="%",
-        file=sys.stderr,
-        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}",
-    ) as bar:
-
-        def progress(stage: str, fraction: float) -> None:
-            bar.set_description_str(f"analyze [{stage}]", refresh=False)
-            bar.update(max(0, round(100 * min(max(fraction, 0.0), 1.0)) - bar.n))
-
+    with progress_bar("analyze") as progress:
         analysis = analyze_job(loaded, job, settings, progress, flops_per_second=rate)
-        bar.update(100 - bar.n)
     return analysis
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 EXIT_USAGE = 2
 
 
@@ -17,3 +21,24 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     hub_logging.set_verbosity_error()
+
+
+@contextmanager
+def progress_bar(name: str) -> Iterator[Callable[[str, float], None]]:
+    """A tqdm bar on stderr, fed by the engine's (stage, fraction) callback; full when the block ends."""
+    from tqdm import tqdm
+
+    with tqdm(
+        total=100,
+        desc=name,
+        unit="%",
+        file=sys.stderr,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}",
+    ) as bar:
+
+        def progress(stage: str, fraction: float) -> None:
+            bar.set_description_str(f"{name} [{stage}]", refresh=False)
+            bar.update(max(0, round(100 * min(max(fraction, 0.0), 1.0)) - bar.n))
+
+        yield progress
+        bar.update(100 - bar.n)

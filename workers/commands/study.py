@@ -9,10 +9,9 @@ is written unless every output is complete.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from workers.commands.common import UsageError, quiet_transformers
+from workers.commands.common import UsageError, progress_bar, quiet_transformers
 from workers.commands.options import add_model_options, add_sampler_options
 
 SAMPLER_KINDS = ("model", "uniform")  # a study samples its responses: no data sampler
@@ -264,24 +263,11 @@ def _checked_cost(args: argparse.Namespace, info, spec, encoded):
 
 def _run_with_progress(loaded, spec, encoded):
     """The study over every prompt, with a tqdm bar on stderr."""
-    from tqdm import tqdm
-
     from backend.settings import get_settings
     from workers.studies.runner import run_study_part, study_model_of
 
     study_model = study_model_of(loaded, spec)
-    with tqdm(
-        total=100,
-        desc="study",
-        unit="%",
-        file=sys.stderr,
-        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}",
-    ) as bar:
-
-        def progress(stage: str, fraction: float) -> None:
-            bar.set_description_str(f"study [{stage}]", refresh=False)
-            bar.update(max(0, round(100 * min(max(fraction, 0.0), 1.0)) - bar.n))
-
+    with progress_bar("study") as progress:
         return run_study_part(
             study_model,
             spec,
