@@ -29,6 +29,11 @@ from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
 Progress = Callable[[float], None]
 ChunkCallback = Callable[[Callable[[], "DirectionResults"], list[int]], None]
 FIRST_CHUNK = 32  # directions in the first chunk when partial results are wanted
+# Direct squares: tiles of about this many bytes of per-direction gradient, and the cost of squaring and
+# summing an element counted in matmul flops (measured on SmolLM2's blocks; benchmarks/bench_squares.py)
+DIRECT_TILE_BYTES = 2 << 20
+DIRECT_TILE_MIN_ROWS = 8
+DIRECT_ELEMENTWISE_FLOPS = 48
 
 
 @dataclass
@@ -76,6 +81,35 @@ def _embedding_rows(block: EmbeddingBlock, indices: torch.Tensor, delta: torch.T
     return unique, rows
 
 
+def _direct_squares(x: torch.Tensor, delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[o, i]: sum_b w_b (sum_r delta[b, r, o] x[r, i])^2, w_b >= 0.
+
+    Why tiles of output rows: at short contexts the per-direction gradients cost few flops per element
+    (2r), so writing all of them ([b, o, i]) and reading them back to square and sum is what takes the
+    time; a tile of rows is squared and summed while it is still in cache.
+    """
+    count, _, out = delta.shape
+    scaled = (delta * weights.clamp_min(0).sqrt().to(delta.dtype)[:, None, None]).transpose(1, 2)
+    scaled = scaled.contiguous()  # [b, o, r]
+    value = x.new_empty(out, x.shape[1])
+    step = max(DIRECT_TILE_MIN_ROWS, DIRECT_TILE_BYTES // max(1, count * x.shape[1] * x.element_size()))
+    for lo in range(0, out, step):
+        grad = torch.matmul(scaled[:, lo : lo + step], x)  # [b, rows of the tile, i]
+        grad.mul_(grad)
+        torch.sum(grad, dim=0, out=value[lo : lo + step])
+    return value
+
+
+def _ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s} over the pairs r <= s only (M is symmetric)."""
+    rows = x.shape[0]
+    upper, lower = torch.triu_indices(rows, rows, device=x.device)
+    pairs = x[upper] * x[lower]  # [r(r+1)/2, i]
+    # an off-diagonal pair stands for (r, s) and (s, r)
+    m_pairs = m[:, upper, lower] * torch.where(upper == lower, 1.0, 2.0).to(m.dtype)
+    return m_pairs @ pairs  # [o, i]
+
+
 def _weighted_outer_per_output(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """M[o, r, s] = sum_b w_b delta[b, r, o] delta[b, s, o], weights >= 0 (eigenvalues, 1/S)."""
     if delta.shape[1] <= 8:  # few rows: one broadcast product beats many tiny matmuls
@@ -113,19 +147,24 @@ class _SquareAccumulator:
             feature = block.feature
             rows, inp = feature.shape
             out = block.uses[0].output.shape[-1]
-            direct_flops = directions * 2 * rows * out * inp + directions * out * inp
-            ghost_flops = directions * 2 * out * rows * rows + 2 * out * inp * rows * rows
             ghost_bytes = out * rows * rows * feature.element_size()
-            if ghost_flops < direct_flops and ghost_bytes <= budget:
+            if self.prefers_ghost(directions, rows, out, inp) and ghost_bytes <= budget:
                 budget -= ghost_bytes
                 self.ghost[index] = feature.new_zeros(out, rows, rows)
+
+    @staticmethod
+    def prefers_ghost(directions: int, rows: int, out: int, inp: int) -> bool:
+        """The cheaper form by cost: flops, and the direct form's squaring and summing per element."""
+        direct = directions * out * inp * (2 * rows + DIRECT_ELEMENTWISE_FLOPS)
+        ghost = directions * 2 * out * rows * rows + out * inp * rows * (rows + 1)
+        return ghost < direct
 
     def add_matrix(self, index: int, block: MatrixBlock, delta: torch.Tensor, weights: torch.Tensor) -> None:
         if index in self.ghost:
             self.ghost[index] += _weighted_outer_per_output(delta, weights)
             return
-        value = torch.einsum("b,b...->...", weights, _block_gradients(block, delta).square())
-        self.sums.add(block.name, value, block.slice)
+        value = _direct_squares(block.feature, delta, weights)
+        self.sums.add(block.name, value.T if block.transposed else value, block.slice)
 
     def add_embedding(self, block: EmbeddingBlock, unique: torch.Tensor, rows: torch.Tensor, weights) -> None:
         """Only the looked-up rows carry anything: summed as [c, o] rows, made dense in ``finalize``."""
@@ -146,9 +185,7 @@ class _SquareAccumulator:
             sums.values = {name: value.clone() for name, value in self.sums.values.items()}
         for index, m in self.ghost.items():
             block = capture.matrices[index]
-            x = block.feature  # [r, i]
-            pairs = (x[:, None, :] * x[None, :, :]).reshape(-1, x.shape[1])  # [r*s, i]
-            value = m.reshape(m.shape[0], -1) @ pairs  # [o, i]
+            value = _ghost_squares(m, block.feature)
             sums.add(block.name, value.T if block.transposed else value, block.slice)
         for name, (unique, rows) in self.table_rows.items():
             dense = rows.new_zeros(sums.shapes[name])
