@@ -58,7 +58,8 @@ def main() -> None:
         a = torch.randn(1024, 1024, dtype=dtype)
         rate = 2 * 1024**3 / _time(torch.matmul, a, a)
     print(f"matmul rate {rate / 1e9:.1f} GFLOP/s ({args.dtype})")
-    print(f"{'b':>4} {'r':>4} {'o x i':>11} {'direct':>9} {'ghost':>9}  picked (times: x 2 b r o i at the matmul rate)")
+    print(f"{'b':>4} {'r':>4} {'o x i':>11} {'direct':>9} {'ghost':>9}  picked")
+    print("(times as multiples of 2 b r o i at that rate)")
     for directions in (20, 256):
         for rows in (5, 12, 28, 64):
             for out, inp in SHAPES:
@@ -69,9 +70,7 @@ def main() -> None:
                 direct = _time(_direct_squares, x, delta, weights) / floor
                 ghost = _time(_ghost, x, delta, weights) / floor
                 picked = "ghost" if _SquareAccumulator.prefers_ghost(directions, rows, out, inp) else "direct"
-                print(
-                    f"{directions:>4} {rows:>4} {out:>5}x{inp:<5} {direct:>9.2f} {ghost:>9.2f}  {picked}"
-                )
+                print(f"{directions:>4} {rows:>4} {out:>5}x{inp:<5} {direct:>9.2f} {ghost:>9.2f}  {picked}")
 
 
 if __name__ == "__main__":
