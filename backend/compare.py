@@ -17,12 +17,20 @@ def set_comparison(a: np.ndarray, b: np.ndarray, fractions: Sequence[float]) -> 
     beside its value for independent random sets of the same density (q and q / (2 - q))."""
     if a.shape != b.shape:
         raise ValueError(f"the two analyses cover {a.size} and {b.size} coordinates")
-    overlap, jaccard = [], []
+    counts = []
     for level in range(1, len(fractions) + 1):
         in_a = (a > 0) & (a <= level)
         in_b = (b > 0) & (b <= level)
-        both = int(np.count_nonzero(in_a & in_b))
-        size_a, size_b = int(np.count_nonzero(in_a)), int(np.count_nonzero(in_b))
+        counts.append(
+            (int(np.count_nonzero(in_a & in_b)), int(np.count_nonzero(in_a)), int(np.count_nonzero(in_b)))
+        )
+    return set_comparison_from_counts(fractions, counts)
+
+
+def set_comparison_from_counts(fractions: Sequence[float], counts: Sequence[tuple[int, int, int]]) -> dict:
+    """``set_comparison`` from (|A ∩ B|, |A|, |B|) per density."""
+    overlap, jaccard = [], []
+    for both, size_a, size_b in counts:
         overlap.append(both / size_a if size_a else 0.0)
         union = size_a + size_b - both
         jaccard.append(both / union if union else 0.0)

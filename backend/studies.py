@@ -13,17 +13,21 @@ import time
 from pathlib import Path
 
 from backend.fastjson import loads
+from backend.mask_files import MaskFile, MaskFileError, compare_mask_files, mask_heatmap
 from backend.normalize import RequestError, check_text, normalize_sampler
 from backend.queue import STUDY_PART_FUNCTION, STUDY_PART_RETRIES
 from backend.rewards import RewardKind, RewardRule
-from backend.schemas import JobStatus
+from backend.schemas import JobStatus, PooledView
 from backend.service import AnalysisService, ServiceError
+from backend.store import WORKER_DIED
 from backend.study_cost import StudyShape, cheaper_study_methods, estimate_study_cost
 from backend.study_schemas import (
     StudyCost,
     StudyCreate,
     StudyJob,
     StudyJobPrompt,
+    StudyMaskComparison,
+    StudyMaskView,
     StudyPartPublic,
     StudyPublic,
 )
@@ -172,6 +176,30 @@ class StudyService:
                     retries=STUDY_PART_RETRIES,
                 )
 
+    def _retry_abandoned(self, study_id: str, job: StudyJob, index: int, part: dict) -> bool:
+        """Queue a part again when its worker died (its lease lapsed), up to STUDY_PART_RETRIES times.
+
+        Why here: the store notices a dead worker within LEASE_TTL_S of its last beat, whereas RQ
+        retries an abandoned job only after the whole job timeout; a study is read every second while
+        someone waits for it, so the part is queued again within seconds."""
+        attempts = int(part.get("attempts") or 1)
+        if part.get("status") != JobStatus.failed or part.get("error") != WORKER_DIED:
+            return False
+        if attempts > STUDY_PART_RETRIES:
+            return False
+        record = part_id(study_id, index)
+        queued = {"kind": PART_KIND, "status": JobStatus.queued.value, "progress": 0.0, "stage": None}
+        fields = {"error": None, "study": study_id, "prompt_index": index, "attempts": attempts + 1}
+        if not self.store.claim(record, {**queued, **fields}):
+            return False
+        self.queue.enqueue(
+            STUDY_PART_FUNCTION,
+            {"study": job.model_dump(mode="json"), "prompt_index": index},
+            record,
+            retries=STUDY_PART_RETRIES,
+        )
+        return True
+
     def _meta(self, study_id: str) -> dict:
         meta = self.store.checked_meta(study_id)
         if meta is None or meta.get("kind") != STUDY_KIND:
@@ -184,6 +212,8 @@ class StudyService:
         parts = []
         for index in range(len(job.prompts)):
             part = self.store.checked_meta(part_id(study_id, index)) or {"status": JobStatus.queued.value}
+            if meta["status"] != JobStatus.done and self._retry_abandoned(study_id, job, index, part):
+                part = self.store.checked_meta(part_id(study_id, index)) or part
             parts.append(
                 StudyPartPublic(
                     prompt_index=index,
@@ -222,6 +252,39 @@ class StudyService:
         if not path.is_file():
             raise ServiceError(404, f"the masks file of study {study_id} is gone; POST the study again")
         return path
+
+    def mask_view(self, study_id: str, tensor: str, q: float, rows: int, cols: int) -> StudyMaskView:
+        masks = MaskFile.open(self.masks(study_id))
+        if tensor not in masks.shapes:
+            raise ServiceError(404, f"study {study_id} has no parameter {tensor!r}; its summary lists them")
+        try:
+            mask = masks.mask(q, tensor)
+        except MaskFileError as error:
+            raise RequestError(str(error), field="q") from None
+        return StudyMaskView(
+            tensor=tensor,
+            q=masks.check_fraction(q),
+            shape=list(mask.shape),
+            count=int(mask.sum(dtype="int64")),
+            size=int(mask.size),
+            view=PooledView(**mask_heatmap(mask, rows, cols)),
+        )
+
+    def compare(self, a: str, b: str) -> StudyMaskComparison:
+        """Two finished studies' masks: 422 when they are of different models or share no density."""
+        files = [MaskFile.open(self.masks(study_id)) for study_id in (a, b)]
+        models = [StudyJob.model_validate(self._meta(study_id)["request"]) for study_id in (a, b)]
+        if models[0].weights_digest != models[1].weights_digest:
+            raise RequestError(
+                f"study {a[:12]} is of {models[0].model} and study {b[:12]} of {models[1].model} (other "
+                "weights); compare masks of one model",
+                field="b",
+            )
+        try:
+            rows = compare_mask_files(*files)
+        except MaskFileError as error:
+            raise RequestError(str(error), field="b") from None
+        return StudyMaskComparison(a=a, b=b, model=models[0].model, **rows)
 
 
 def _study_status(meta: dict, parts: list[StudyPartPublic]) -> tuple[JobStatus, str | None]:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend.rewards import RewardKind
-from backend.schemas import ENGINE_VERSION, JobSampler, JobStatus, SamplerSpec
+from backend.schemas import ENGINE_VERSION, JobSampler, JobStatus, PooledView, SamplerSpec
 from backend.vocabulary import parse_method
 
 DEFAULT_MASK_FRACTIONS = (0.001, 0.01, 0.05)
@@ -138,3 +138,31 @@ class StudyPublic(BaseModel):
     cost: StudyCost | None = None
     error: str | None = None
     summary: dict[str, Any] | None = Field(default=None, description="the study summary when done")
+
+
+class StudyMaskView(BaseModel):
+    """One parameter's Fisher mask at one density, for a heatmap: coordinates in the mask per block."""
+
+    tensor: str
+    q: float
+    shape: list[int] = Field(..., description="the parameter's shape")
+    count: int = Field(..., description="coordinates of this parameter in the mask")
+    size: int = Field(..., description="coordinates of this parameter")
+    view: PooledView = Field(
+        ...,
+        description="values[i][j]: coordinates in the mask in rows row_edges[i]..row_edges[i+1] and "
+        "columns col_edges[j]..col_edges[j+1] (a vector is one row; experts are stacked as rows)",
+    )
+
+
+class StudyMaskComparison(BaseModel):
+    """The masks of two studies of one model, density by density, each figure beside its chance value."""
+
+    a: str
+    b: str
+    model: str | None
+    q: list[float] = Field(..., description="the densities both studies cut")
+    overlap: list[float] = Field(..., description="|A ∩ B| / |A|")
+    jaccard: list[float] = Field(..., description="|A ∩ B| / |A ∪ B|")
+    chance_overlap: list[float] = Field(..., description="q: two independent random masks")
+    chance_jaccard: list[float] = Field(..., description="q / (2 - q)")

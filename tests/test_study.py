@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
+from backend.mask_files import MaskFile, MaskFileError, compare_mask_files, mask_heatmap
 from backend.rewards import RewardKind, RewardRule
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.tiny_models import BUDGET, tiny_model
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.sampler import SamplerConfig, uniform_distribution, warped_distribution
 from workers.fisher.study import StudyStat, StudySums, relative_l2_error
-from workers.studies.files import compare_mask_files, read_masks, read_part, write_masks, write_part
+from workers.studies.files import read_masks, read_part, write_masks, write_part
 from workers.studies.masks import compare_levels, level_map
 from workers.studies.prompts import EncodedPrompt
 from workers.studies.runner import StudyModel, StudyPart, merge_parts, run_study_part
@@ -271,7 +273,9 @@ def test_overlap_and_jaccard_equal_a_direct_set_computation(tmp_path):
     other = {n: torch.rand(v.shape, generator=generator, dtype=torch.float64) for n, v in TIED_VALUES.items()}
     _write_hand_made_masks(tmp_path / "a.safetensors", TIED_VALUES)
     _write_hand_made_masks(tmp_path / "b.safetensors", other)
-    from_files = compare_mask_files(tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    from_files = compare_mask_files(
+        MaskFile.open(tmp_path / "a.safetensors"), MaskFile.open(tmp_path / "b.safetensors")
+    )
     sums_a, sums_b = _hand_made_part(TIED_VALUES).sums, _hand_made_part(other).sums
     from_levels = compare_levels(
         level_map(sums_a, StudyStat.fisher, FRACTIONS),
@@ -285,6 +289,48 @@ def test_overlap_and_jaccard_equal_a_direct_set_computation(tmp_path):
             assert result["jaccard"][i] == pytest.approx(len(a & b) / len(a | b))
             assert result["chance_overlap"][i] == pytest.approx(q)
             assert result["chance_jaccard"][i] == pytest.approx(q / (2 - q))
+
+
+def test_mask_heatmap_counts_each_block_of_the_mask(tmp_path):
+    path = tmp_path / "masks.safetensors"
+    _write_hand_made_masks(path, TIED_VALUES)
+    masks = MaskFile.open(path)
+    assert masks.fractions == list(FRACTIONS) and masks.shapes == {
+        n: tuple(v.shape) for n, v in TIED_VALUES.items()
+    }
+    for name in TIED_VALUES:
+        mask = masks.mask(0.3, name)
+        view = mask_heatmap(mask, rows=3, cols=2)
+        matrix = mask.reshape(1, -1) if mask.ndim == 1 else mask
+        rows, cols = view["row_edges"], view["col_edges"]
+        assert rows[0] == 0 and rows[-1] == matrix.shape[0] and cols[0] == 0 and cols[-1] == matrix.shape[1]
+        for i in range(len(rows) - 1):
+            for j in range(len(cols) - 1):
+                block = matrix[rows[i] : rows[i + 1], cols[j] : cols[j + 1]]
+                assert view["values"][i][j] == int(block.sum())
+        assert sum(map(sum, view["values"])) == int(mask.sum()) == int(_flat_count(masks, name))
+
+
+def _flat_count(masks: MaskFile, name: str) -> int:
+    return json.loads(masks.metadata["counts"])["0.3"][name]
+
+
+def test_mask_files_that_cannot_be_compared_say_why(tmp_path):
+    _write_hand_made_masks(tmp_path / "a.safetensors", TIED_VALUES)
+    fewer = {n: v for n, v in TIED_VALUES.items() if "down_proj" not in n}
+    _write_hand_made_masks(tmp_path / "b.safetensors", fewer)
+    with pytest.raises(MaskFileError, match="different parameters"):
+        compare_mask_files(
+            MaskFile.open(tmp_path / "a.safetensors"), MaskFile.open(tmp_path / "b.safetensors")
+        )
+    with pytest.raises(MaskFileError, match="no mask of density 0.02; this file holds"):
+        MaskFile.open(tmp_path / "a.safetensors").mask(0.02, next(iter(TIED_VALUES)))
+    save_file({"F/w": torch.zeros(2)}, str(tmp_path / "arrays.safetensors"))
+    with pytest.raises(MaskFileError, match="not a mask key"):
+        MaskFile.open(tmp_path / "arrays.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(MaskFileError, match="not a readable safetensors file"):
+        MaskFile.open(tmp_path / "junk.safetensors")
 
 
 def test_monte_carlo_fisher_converges_to_the_exact_fisher():
@@ -364,6 +410,33 @@ def test_cli_study_end_to_end(capsys, tmp_path, tiny_random):
         assert (
             handle.get_tensor("continuation_ids/1/0").tolist() == summary["responses"][2]["continuation_ids"]
         )
+    _check_cli_masks(capsys, argv, outputs["masks"], tmp_path, n_params)
+
+
+def _check_cli_masks(capsys, argv: list[str], masks: Path, tmp_path: Path, n_params: int) -> None:
+    """``fisherscope masks``: what a file holds, and a second sampler's study compared with the first."""
+    code, out, err = run_cli(capsys, "masks", "info", str(masks))
+    assert code == 0, err
+    assert "model: tiny-random" in out and f"{math.ceil(0.01 * n_params):,}" in out
+    other = tmp_path / "other.st"
+    study = [*argv[: argv.index("--top-k")], "--top-k", "2", "--seed", "3", "--q", "0.01,0.05"]
+    code, _, err = run_cli(capsys, *study, "--masks", str(other), "--summary", str(tmp_path / "o.json"))
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "masks", "compare", str(masks), str(other), "--json")
+    assert code == 0, err
+    compared = json.loads(out)
+    first, second = read_masks(masks)[0][0.01], read_masks(other)[0][0.01]
+    a = torch.cat([first[n].reshape(-1) for n in sorted(first)]).bool()
+    b = torch.cat([second[n].reshape(-1) for n in sorted(first)]).bool()
+    assert compared["q"] == [0.01] and compared["chance_overlap"] == [0.01]
+    assert compared["overlap"] == [pytest.approx(int((a & b).sum()) / int(a.sum()))]
+    assert compared["jaccard"] == [pytest.approx(int((a & b).sum()) / int((a | b).sum()))]
+    code, out, _ = run_cli(capsys, "masks", "compare", str(masks), str(masks))
+    assert code == 0 and "100.00%" in out
+    code, _, err = run_cli(capsys, "masks", "compare", str(masks), str(tmp_path / "missing.st"))
+    assert_one_line_error(code, err, "missing.st: no such file")
+    code, _, err = run_cli(capsys, "masks", "info", str(tmp_path / "o.json"))
+    assert_one_line_error(code, err, "not a readable safetensors file")
 
 
 BAD_INPUTS: dict[str, tuple[list, list[str], str]] = {

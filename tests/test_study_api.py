@@ -78,6 +78,59 @@ def test_a_study_through_the_embedded_service(tmp_path: Path) -> None:
     assert not any(settings.study_dir(study["id"]).glob("part-*"))  # reduced parts are removed
     again = client.post("/api/v1/studies", json=BODY)  # the cache: nothing new runs
     assert again.status_code == 200 and again.json()["summary"] == summary
+    _check_mask_views(client, study["id"], masks)
+    _check_study_comparison(client, study["id"], masks)
+
+
+def _check_mask_views(client: TestClient, study_id: str, masks: dict[str, torch.Tensor]) -> None:
+    """The heatmap of each parameter's mask counts exactly the file's ones, block by block."""
+    for key, mask in masks.items():
+        name = key.partition("/")[2]
+        q = float(key.partition("/")[0][1:])
+        answer = client.get(f"/api/v1/studies/{study_id}/masks/{name}", params={"q": q, "rows": 4, "cols": 5})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["shape"] == list(mask.shape) and body["size"] == mask.numel()
+        assert body["count"] == int(mask.sum())
+        view = body["view"]
+        matrix = mask.reshape(1, -1) if mask.dim() == 1 else mask.reshape(-1, mask.shape[-1])
+        rows, cols = view["row_edges"], view["col_edges"]
+        assert (
+            len(rows) <= 5 and len(cols) <= 6 and rows[-1] == matrix.shape[0] and cols[-1] == matrix.shape[1]
+        )
+        expected = [
+            [int(matrix[rows[i] : rows[i + 1], cols[j] : cols[j + 1]].sum()) for j in range(len(cols) - 1)]
+            for i in range(len(rows) - 1)
+        ]
+        assert view["values"] == expected
+    name = next(iter(masks)).partition("/")[2]
+    wrong_q = client.get(f"/api/v1/studies/{study_id}/masks/{name}", params={"q": 0.02})
+    assert wrong_q.status_code == 422 and "0.01, 0.05" in wrong_q.text
+    unknown = client.get(f"/api/v1/studies/{study_id}/masks/no.such.weight")
+    assert unknown.status_code == 404 and "no parameter 'no.such.weight'" in unknown.text
+
+
+def _check_study_comparison(client: TestClient, study_id: str, masks: dict[str, torch.Tensor]) -> None:
+    """Two samplers' studies of the same prompts: the API's overlap equals a direct set computation."""
+    other_body = {**BODY, "sampler": {"top_k": 3}, "q": [0.01, 0.1]}
+    other = wait_study(client, client.post("/api/v1/studies", json=other_body).json()["id"])
+    assert other["status"] == "done", other["error"]
+    other_masks = _masks(client, other["id"])
+    answer = client.get("/api/v1/studies/compare", params={"a": study_id, "b": other["id"]})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["q"] == [0.01] and body["model"] == "tiny-random"  # the one density both cut
+    names = sorted(key for key in masks if key.startswith("q0.01/"))
+    a = torch.cat([masks[n].reshape(-1) for n in names]).bool()
+    b = torch.cat([other_masks[n].reshape(-1) for n in names]).bool()
+    both = int((a & b).sum())
+    assert body["overlap"] == [pytest.approx(both / int(a.sum()))]
+    assert body["jaccard"] == [pytest.approx(both / int((a | b).sum()))]
+    assert body["chance_overlap"] == [0.01] and body["chance_jaccard"] == [pytest.approx(0.01 / 1.99)]
+    missing = client.get("/api/v1/studies/compare", params={"a": study_id, "b": "0" * 64})
+    assert missing.status_code == 404 and "POST /api/v1/studies first" in missing.text
+    bad = client.get("/api/v1/studies/compare", params={"a": study_id, "b": "xyz"})
+    assert bad.status_code == 422
 
 
 @pytest.mark.slow

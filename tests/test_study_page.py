@@ -28,6 +28,7 @@ from frontend.studies.form import (
     parse_prompts,
     parse_query,
     request_body,
+    study_id_in,
     to_query,
 )
 from tests.requirements import require
@@ -164,6 +165,56 @@ def check_results(page, summary: dict, url: str, study_id: str) -> None:
     assert page.locator(".prompt-cell", has_text="The capital of France is").count() == 3  # 1 + its 2
 
 
+def check_heatmap(page, service: Service, study_id: str, summary: dict) -> str:
+    """The densest tensor's mask is drawn at once; another picked from the list is drawn with the API's
+    count in its title. Returns the tensor in view."""
+    page.wait_for_selector("#mask-heatmap .heatmaplayer")
+    tensors = summary["masks"]["by_q"]["0.01"]["tensors"]
+    densest = max(tensors, key=lambda row: row["count"])["name"]
+    assert densest in page.inner_text("#mask-heatmap .gtitle")
+    chosen = next(row for row in tensors if row["name"].endswith("mlp.down_proj.weight"))
+    page.click("#mask-tensor")
+    page.get_by_role("option", name=chosen["name"], exact=True).click()
+    page.wait_for_selector(f"#mask-heatmap .gtitle >> text={chosen['name']}")
+    view = service.api.get(f"/studies/{study_id}/masks/{chosen['name']}", params={"q": 0.01}).json()
+    assert view["count"] == chosen["count"]
+    assert f"{chosen['count']:,} in the top-1% mask" in page.inner_text("#mask-heatmap .gtitle")
+    return chosen["name"]
+
+
+def check_comparison(page, service: Service, study_id: str) -> str:
+    """A second study (another sampler) through the API, pasted as a share link: the page's overlap is
+    the API's. Returns the other study's id."""
+    body = service.api.get(f"/studies/{study_id}").json()["request"]
+    create = {
+        "model": MODEL,
+        "prompts": [{"prompt": "She drank a cup of", "target": " tea"}],
+        "samples": 1,
+        "max_tokens": 2,
+        "sampler": {"top_k": 3},
+        "q": body["q"],
+    }
+    other = service.api.post("/studies", json=create).json()["id"]
+    deadline = time.monotonic() + 120
+    while service.api.get(f"/studies/{other}").json()["status"] != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    page.fill("#compare-id", f"{service.url}/studies/?study={other}&q=0.01")
+    page.press("#compare-id", "Enter")
+    page.wait_for_selector("#compare-table .compare-overlap")
+    compared = service.api.get("/studies/compare", params={"a": study_id, "b": other}).json()
+    cells = page.locator("#compare-table .compare-overlap").all_inner_texts()
+    assert len(cells) == len(compared["q"])
+    assert all(shows(t, v, digits=3) for t, v in zip(cells, compared["overlap"], strict=True))
+    page.fill("#compare-id", "not an id")
+    page.press("#compare-id", "Enter")
+    page.wait_for_selector("#compare-section >> text=neither a study id")
+    page.fill("#compare-id", other)
+    page.press("#compare-id", "Enter")
+    page.wait_for_selector("#compare-table .compare-overlap")
+    return other
+
+
 @pytest.mark.slow
 def test_study_page_runs_shares_and_refuses_bad_links(service: Service, browser) -> None:
     started = time.monotonic()
@@ -188,8 +239,12 @@ def test_study_page_runs_shares_and_refuses_bad_links(service: Service, browser)
     assert sizes == sorted(sizes, reverse=True)
     masks = httpx.get(page.get_attribute("#masks-link", "href") or "", timeout=30)
     assert masks.status_code == 200 and len(masks.content) > 1000
+    tensor = check_heatmap(page, service, study_id, study["summary"])
+    other = check_comparison(page, service, study_id)
     page.screenshot(path=SCREENSHOTS / "study-tiny-random.png", full_page=True)
     share = page.input_value("#share-link")
+    assert parse_qs(urlparse(share).query)["tensor"] == [tensor]
+    assert parse_qs(urlparse(share).query)["compare"] == [other]
     watch.check()
     context.close()
 
@@ -203,6 +258,8 @@ def test_study_page_runs_shares_and_refuses_bad_links(service: Service, browser)
     assert study_id_of(page.url) == study_id
     assert page.input_value("#prompts") == PROMPTS and page.input_value("#pattern") == PATTERN
     check_results(page, study["summary"], service.url, study_id)
+    page.wait_for_selector("#compare-table .compare-overlap")  # the link's comparison, and matrix
+    assert tensor in page.inner_text("#mask-heatmap .gtitle")
     assert service.engine_runs() == runs
     watch.check()
     context.close()
@@ -248,8 +305,12 @@ def test_prompt_lines_split_at_a_tab_or_an_arrow() -> None:
 def test_the_form_round_trips_through_the_url() -> None:
     values = {**DEFAULTS, "model": MODEL, "prompts": PROMPTS, "top_k": 5, "pattern": PATTERN, "samples": 3}
     study = "ab" * 32
-    link, errors = parse_query(to_query(values, study, "0.05"))
+    other = "cd" * 32
+    link, errors = parse_query(to_query(values, study, "0.05", "model.norm.weight", other))
     assert errors == [] and link.values == values and (link.study, link.view_q) == (study, "0.05")
+    assert (link.tensor, link.compare) == ("model.norm.weight", other)
+    assert study_id_in(f"http://host/studies/?q=0.01&study={other}") == other
+    assert study_id_in(f"  {other} ") == other and study_id_in("http://host/studies/?study=zz") is None
     assert to_query(DEFAULTS) == ""
 
 

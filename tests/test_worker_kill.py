@@ -95,3 +95,78 @@ def test_killed_worker_leaves_job_failed_then_retry_recovers(tmp_path, monkeypat
         hold.unlink(missing_ok=True)
         stop_worker(worker)
         connection.flushdb()
+
+
+def test_a_study_part_whose_worker_died_is_queued_again_and_the_study_ends_as_with_one_worker(
+    tmp_path, monkeypatch
+) -> None:
+    """Two workers each hold one prompt of a study; one is killed. Only its part is run again (by the
+    other worker, once the API sees the lease lapse), and the study equals the embedded one."""
+    from backend.studies import part_id
+    from workers.serve import embedded_api
+
+    monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "cache"))
+    hold = tmp_path / "hold"
+    register_held_model(tmp_path, hold)
+    hold.touch()
+    connection = redis.Redis.from_url(REDIS_URL)
+    connection.flushdb()
+    studies = tmp_path / "studies"
+    settings = Settings(redis_url=REDIS_URL, queue_name=QUEUE, exports_dir=tmp_path, studies_dir=studies)
+    client = TestClient(create_app(settings))
+    body = {
+        "model": "held-qwen3",
+        "prompts": [{"prompt": "She drank a cup of"}, {"prompt": "Two plus three is"}],
+        "samples": 2,
+        "max_tokens": 3,
+        "seed": 7,
+        "sampler": {"top_k": 6},
+        "q": [0.01],
+    }
+    env = {"FISHERSCOPE_STUDIES_DIR": str(studies)}
+    workers = [start_worker(tmp_path, REDIS_URL, QUEUE, env) for _ in range(2)]
+    try:
+        study_id = client.post("/api/v1/studies", json=body).json()["id"]
+        deadline = time.monotonic() + 120
+        while not all(part.stage == "load" for part in _study(client, study_id).parts):
+            assert time.monotonic() < deadline, "the two workers never took one part each"
+            time.sleep(0.05)
+        workers[0].send_signal(signal.SIGKILL)
+        workers[0].wait(timeout=10)
+        deadline = time.monotonic() + LEASE_TTL_S + 20
+        attempts = {}
+        while not any(n == 2 for n in attempts.values()):
+            assert time.monotonic() < deadline, "the dead worker's part was never queued again"
+            study = _study(client, study_id)
+            assert study.status != "failed", study.error  # a retried part never fails the study
+            metas = [client.app.state.studies.store.get_meta(part_id(study_id, i)) for i in range(2)]
+            attempts = {i: int(m.get("attempts") or 1) for i, m in enumerate(metas)}
+            time.sleep(0.2)
+        hold.unlink()
+        deadline = time.monotonic() + 240
+        while (study := _study(client, study_id)).status not in ("done", "failed"):
+            assert time.monotonic() < deadline, f"study still {study.status}: {study.parts}"
+            time.sleep(0.2)
+        assert study.status == "done", study.error
+        assert sorted(attempts.values()) == [1, 2]  # only the killed worker's part ran twice
+    finally:
+        hold.unlink(missing_ok=True)
+        for worker in workers:
+            stop_worker(worker)
+        connection.flushdb()
+    embedded = TestClient(embedded_api(Settings(results_dir=tmp_path / "r", studies_dir=tmp_path / "s")))
+    alone = embedded.post("/api/v1/studies", json=body).json()["id"]
+    assert alone == study_id
+    deadline = time.monotonic() + 240
+    while (one := embedded.get(f"/api/v1/studies/{alone}").json())["status"] not in ("done", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert one["summary"] == study.summary  # the same responses, sums and masks, bit for bit
+
+
+def _study(client: TestClient, study_id: str):
+    from backend.study_schemas import StudyPublic
+
+    answer = client.get(f"/api/v1/studies/{study_id}")
+    assert answer.status_code == 200, answer.text
+    return StudyPublic.model_validate(answer.json())

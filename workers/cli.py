@@ -1,5 +1,6 @@
-"""The ``fisherscope`` command: fetch and register models, run one analysis to a file, start the
-service or a worker. Every user error ends with exit code 2 and one line on stderr, never a traceback.
+"""The ``fisherscope`` command: fetch and register models, run one analysis or a study to files, read
+mask files, start the service or a worker. Every user error ends with exit code 2 and one line on
+stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import NoReturn
 
 from workers.commands.analyze import cmd_analyze
 from workers.commands.common import EXIT_USAGE, UsageError
+from workers.commands.masks import add_masks_parser, cmd_masks
 from workers.commands.models import cmd_fetch, cmd_models
 from workers.commands.options import add_model_options, add_sampler_options
 from workers.commands.study import add_study_parser, cmd_study
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_models(commands)
     _add_analyze(commands)
     add_study_parser(commands)
+    add_masks_parser(commands)
     serve = commands.add_parser("serve", help="run API + dashboard + in-process worker (embedded mode)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -144,6 +147,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "models": cmd_models,
     "analyze": cmd_analyze,
     "study": cmd_study,
+    "masks": cmd_masks,
     "serve": cmd_serve,
     "worker": cmd_worker,
 }

@@ -17,7 +17,7 @@ from dash.exceptions import PreventUpdate
 
 from frontend.api_client import ApiError
 from frontend.studies.client import StudyClient, is_settled, status_of
-from frontend.studies.form import DEFAULTS, FIELD_IDS, parse_query, request_body, to_query
+from frontend.studies.form import DEFAULTS, FIELD_IDS, parse_query, request_body, study_id_in, to_query
 from frontend.studies.panels import progress_panel
 
 FIELD_INPUTS = [Input(key, "value") for key in FIELD_IDS]
@@ -49,7 +49,8 @@ def register_restore(app: dash.Dash, client: StudyClient) -> None:
     @app.callback(
         [Output(key, "value") for key in FIELD_IDS]
         + [Output("study", "data"), Output("message", "children"), Output("model", "options")]
-        + [Output("view-q", "value"), Output("restored", "data")],
+        + [Output("view-q", "value"), Output("link-tensor", "data"), Output("compare-id", "value")]
+        + [Output("restored", "data")],
         Input("url", "pathname"),
         State("url", "search"),
         State("restored", "data"),
@@ -67,7 +68,15 @@ def register_restore(app: dash.Dash, client: StudyClient) -> None:
                 )
             values["model"] = models[0] if models else DEFAULTS["model"]
         study = {"id": link.study, "asked": time.time()} if link.study else None
-        return [values[key] for key in FIELD_IDS] + [study, message_block(errors), models, link.view_q, True]
+        return [values[key] for key in FIELD_IDS] + [
+            study,
+            message_block(errors),
+            models,
+            link.view_q,
+            link.tensor,
+            link.compare,
+            True,
+        ]
 
 
 def register_submit(app: dash.Dash, client: StudyClient) -> None:
@@ -147,14 +156,17 @@ def register_url(app: dash.Dash) -> None:
         FIELD_INPUTS,
         Input("study", "data"),
         Input("view-q", "value"),
+        Input("mask-tensor", "value"),
+        Input("compare-id", "value"),
         State("restored", "data"),
         prevent_initial_call=True,
     )
     def write_url(*values: Any):
-        *fields, study, view_q, restored = values
+        *fields, study, view_q, tensor, compare, restored = values
         if not restored:
             raise PreventUpdate
-        return to_query(dict(zip(FIELD_IDS, fields, strict=True)), (study or {}).get("id"), view_q)
+        fields_by_id = dict(zip(FIELD_IDS, fields, strict=True))
+        return to_query(fields_by_id, (study or {}).get("id"), view_q, tensor, study_id_in(compare))
 
     app.clientside_callback(
         "function(search) { return window.location.origin + window.location.pathname + (search || ''); }",

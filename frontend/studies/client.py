@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -18,6 +18,7 @@ from frontend.studies.form import PromptLine
 
 KEPT_STUDIES = 16  # finished studies kept in this process (a few hundred KB each)
 KEPT_PROMPTS = 1024  # token ids of prompt texts, to match the form's lines with a study's prompts
+KEPT_VIEWS = 256  # mask heatmaps (a few KB each) and comparisons of finished studies
 
 
 class StudyClient:
@@ -28,6 +29,7 @@ class StudyClient:
         self.public_base_url = (public_base_url or api.base_url).rstrip("/")
         self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._ids: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
+        self._views: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def models(self) -> list[dict[str, Any]]:
@@ -88,6 +90,37 @@ class StudyClient:
             same = line is not None and self.prompt_ids(model, line.prompt) == prompt["input_ids"]
             texts.append(line.prompt if same and line is not None else None)
         return texts
+
+    def mask_view(self, study_id: str, tensor: str, q: float, rows: int, cols: int) -> dict[str, Any]:
+        """One parameter's mask in blocks (`StudyMaskView`); kept, since a finished study never changes."""
+        key = ("mask", study_id, tensor, f"{q:g}", rows, cols)
+        return self._kept(
+            key,
+            lambda: self.api.request(
+                "GET",
+                f"/studies/{quote(study_id, safe='')}/masks/{quote(tensor, safe='')}",
+                params={"q": q, "rows": rows, "cols": cols},
+            ).json(),
+        )
+
+    def compare(self, a: str, b: str) -> dict[str, Any]:
+        """Two finished studies' masks compared (`StudyMaskComparison`); kept like the studies."""
+        return self._kept(
+            ("compare", a, b),
+            lambda: self.api.request("GET", "/studies/compare", params={"a": a, "b": b}).json(),
+        )
+
+    def _kept(self, key: tuple, fetch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        with self._lock:
+            if key in self._views:
+                self._views.move_to_end(key)
+                return self._views[key]
+        value = fetch()
+        with self._lock:
+            self._views[key] = value
+            while len(self._views) > KEPT_VIEWS:
+                self._views.popitem(last=False)
+        return value
 
     def masks_url(self, study_id: str) -> str:
         """Where the browser downloads the masks (safetensors, `q<q>/<param name>`, uint8)."""

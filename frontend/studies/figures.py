@@ -132,3 +132,44 @@ def response_label(response: dict[str, Any]) -> str:
 
 def _reward_key(reward: float | None) -> float | None:
     return None if reward is None else float(reward >= 0.5)
+
+
+def mask_heatmap_figure(view: dict[str, Any]) -> go.Figure:
+    """One parameter's top-q mask inside the matrix: the share of each block's coordinates in the mask,
+    on a colour scale that starts at 0 (white) and whose middle is q (what a random mask would give)."""
+    pooled, q = view["view"], float(view["q"])
+    rows, cols = pooled["row_edges"], pooled["col_edges"]
+    density, hover = [], []
+    for i, counts in enumerate(pooled["values"]):
+        size_r = rows[i + 1] - rows[i]
+        density_row, hover_row = [], []
+        for j, count in enumerate(counts):
+            size = size_r * (cols[j + 1] - cols[j])
+            density_row.append(count / size if size else 0.0)
+            hover_row.append(
+                f"rows {rows[i]}–{rows[i + 1] - 1}, columns {cols[j]}–{cols[j + 1] - 1}<br>"
+                f"{int(count):,} of {size:,} coordinates in the mask"
+            )
+        density.append(density_row)
+        hover.append(hover_row)
+    top = max((max(row) for row in density), default=0.0)
+    figure = go.Figure(
+        go.Heatmap(
+            z=density,
+            x=[(cols[j] + cols[j + 1] - 1) / 2 for j in range(len(cols) - 1)],
+            y=[(rows[i] + rows[i + 1] - 1) / 2 for i in range(len(rows) - 1)],
+            zmin=0.0,
+            zmax=max(top, 2 * q),
+            colorscale=[[0.0, "#ffffff"], [min(q / max(top, 2 * q), 0.5), "#fcbba1"], [1.0, MASK_COLOR]],
+            colorbar={"title": {"text": "in the mask"}, "tickformat": ".1%"},
+            text=hover,
+            hovertemplate="%{text}<br>%{z:.2%} of the block (q = " + f"{q:.2%}" + ")<extra></extra>",
+        )
+    )
+    shape = " × ".join(str(n) for n in view["shape"])
+    share = view["count"] / view["size"] if view["size"] else 0.0
+    title = f"{view['tensor']} [{shape}]: {view['count']:,} in the top-{percent(q)} mask ({share:.2%} of it)"
+    _layout(figure, title, height=420)
+    figure.update_yaxes(autorange="reversed", title="row (output)" if len(view["shape"]) > 1 else "")
+    figure.update_xaxes(title="column (input)" if len(view["shape"]) > 1 else "coordinate")
+    return figure

@@ -12,12 +12,13 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from backend.rewards import TARGET_SLOT
 from backend.vocabulary import EngineKind, SamplerKind, parse_method
 
 STUDY_ID = re.compile(r"[0-9a-f]{64}")
+MAX_TENSOR_NAME = 300
 TARGET_SEPARATORS = ("\t", " =>")  # the last one on a line splits prompt from target
 DEFAULT_PATTERN = r"^\s*{target}\b"
 DEFAULT_PROMPTS = "\n".join(
@@ -73,11 +74,14 @@ Values = dict[str, Any]
 
 @dataclass(frozen=True)
 class Link:
-    """What a URL says: the form's values, the study it shows, the mask density in view."""
+    """What a URL says: the form's values, the study it shows, the mask density, the matrix whose mask
+    is drawn, and the study it is compared with."""
 
     values: Values
     study: str | None = None
     view_q: str | None = None
+    tensor: str | None = None
+    compare: str | None = None
 
 
 def parse_query(query: str) -> tuple[Link, list[str]]:
@@ -91,15 +95,33 @@ def parse_query(query: str) -> tuple[Link, list[str]]:
                 errors.append(error)
             else:
                 values[field.id] = value
-    study = params.get("study")
-    if study is not None and not STUDY_ID.fullmatch(study):
-        shown = study if len(study) <= 80 else study[:80] + "…"
-        errors.append(
-            f"the link's study id {shown!r} is not a study id (64 hex characters); check the link, or "
-            "press Run to compute the study in the form"
-        )
-        study = None
-    return Link(values, study, params.get("q") or None), errors
+    study = _study_id(params.get("study"), "study", errors)
+    compare = _study_id(params.get("compare"), "compared study", errors)
+    tensor = params.get("tensor") or None
+    if tensor is not None and len(tensor) > MAX_TENSOR_NAME:
+        errors.append(f"the link's tensor name is {len(tensor)} characters; no parameter's is that long")
+        tensor = None
+    return Link(values, study, params.get("q") or None, tensor, compare), errors
+
+
+def _study_id(value: str | None, what: str, errors: list[str]) -> str | None:
+    if value is None or STUDY_ID.fullmatch(value):
+        return value
+    shown = value if len(value) <= 80 else value[:80] + "…"
+    errors.append(
+        f"the link's {what} id {shown!r} is not a study id (64 hex characters); check the link, or "
+        "press Run to compute the study in the form"
+    )
+    return None
+
+
+def study_id_in(text: str | None) -> str | None:
+    """A study id typed or pasted: the id itself, or the study a share link names."""
+    text = (text or "").strip()
+    if STUDY_ID.fullmatch(text):
+        return text
+    study = dict(parse_qsl(urlsplit(text).query)).get("study", "")
+    return study if STUDY_ID.fullmatch(study) else None
 
 
 def read_value(field: Field, text: str) -> tuple[Any, str | None]:
@@ -121,7 +143,13 @@ def read_value(field: Field, text: str) -> tuple[Any, str | None]:
     return number, None
 
 
-def to_query(values: Mapping[str, Any], study: str | None = None, view_q: str | None = None) -> str:
+def to_query(
+    values: Mapping[str, Any],
+    study: str | None = None,
+    view_q: str | None = None,
+    tensor: str | None = None,
+    compare: str | None = None,
+) -> str:
     """The URL query of the form: the values that differ from the defaults, the study, the view."""
     params = {
         key: "" if value is None else str(value)
@@ -132,6 +160,10 @@ def to_query(values: Mapping[str, Any], study: str | None = None, view_q: str | 
         params["study"] = study
     if view_q:
         params["q"] = view_q
+    if tensor:
+        params["tensor"] = tensor
+    if compare:
+        params["compare"] = compare
     return "?" + urlencode(params) if params else ""
 
 

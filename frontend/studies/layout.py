@@ -16,8 +16,13 @@ from frontend.studies.tables import DEFAULT_SORT
 GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 POLL_MS = 700
 HEATMAP_NOTE = (
-    "A heatmap of where the mask lands inside each matrix needs a pooled per-tensor view of a study's F "
-    "and mask from the API (it has one for analyses only); until then, the mask per tensor is this table."
+    "Inside one parameter: the share of each block's coordinates that the mask holds (rows are outputs, "
+    "columns inputs; a vector is one row). A random mask would colour every block q."
+)
+COMPARE_NOTE = (
+    "Paste another study's id or share link (same model): the overlap |A ∩ B| / |A| and Jaccard |A ∩ B| / "
+    "|A ∪ B| of the two Fisher masks at every density both cut, beside chance (q and q / (2 - q)). Two "
+    "samplers, two prompt sets, or K and L against more of them."
 )
 
 
@@ -41,6 +46,7 @@ def page() -> html.Div:
             dcc.Store(id="study"),  # {"id", "asked"}: the study on the page, and when it was asked for
             dcc.Store(id="status"),  # `client.status_of`: status and parts, no summary
             dcc.Store(id="tensor-sort", data=DEFAULT_SORT),
+            dcc.Store(id="link-tensor"),  # the parameter a link names, drawn once its study is
             dcc.Interval(id="poll", interval=POLL_MS, disabled=True),
             html.Div(
                 [
@@ -174,9 +180,32 @@ def results() -> html.Div:
                     ),
                     html.Div(id="mask-caption", className="control-hint"),
                     html.Div(id="tensor-section", className="scroll tall"),
-                    html.Div(HEATMAP_NOTE, className="control-hint"),
+                    labelled(
+                        "Mask inside one parameter",
+                        dcc.Dropdown(id="mask-tensor", options=[], clearable=False),
+                        HEATMAP_NOTE,
+                    ),
+                    dcc.Graph(id="mask-heatmap", config=GRAPH_CONFIG),
                 ],
                 "masks",
+            ),
+            section(
+                "Compare with another study's masks",
+                [
+                    labelled(
+                        "Other study",
+                        dcc.Input(
+                            id="compare-id",
+                            type="text",
+                            debounce=True,
+                            placeholder="a study id or a share link",
+                            className="text-input",
+                        ),
+                        COMPARE_NOTE,
+                    ),
+                    html.Div(id="compare-section"),
+                ],
+                "compare",
             ),
             section(
                 "Estimators against the exact Fisher",

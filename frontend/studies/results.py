@@ -14,18 +14,21 @@ from dash import ALL, Input, Output, State, ctx, html
 from dash.exceptions import PreventUpdate
 
 from frontend.api_client import ApiError
+from frontend.plots import message_figure
 from frontend.studies.client import StudyClient
 from frontend.studies.figures import (
     ESTIMATOR_NAMES,
     estimator_overlap_figure,
     mask_groups_figure,
+    mask_heatmap_figure,
     response_fisher_figure,
 )
-from frontend.studies.form import parse_prompts, percent
+from frontend.studies.form import parse_prompts, percent, study_id_in
 from frontend.studies.panels import overview, paper_panel
 from frontend.studies.tables import (
     DEFAULT_SORT,
     MAX_RESPONSES,
+    comparison_table,
     estimator_table,
     num,
     prompts_table,
@@ -39,6 +42,7 @@ PROMPTS_NOTE = (
     "model-vs-uniform statistic below. Prompt text is the form's, shown where it tokenizes to the study's."
 )
 HIDDEN, SHOWN = {"display": "none"}, {"display": "block"}
+HEATMAP_ROWS, HEATMAP_COLS = 96, 96  # blocks of a mask heatmap at most
 PAPER_Q = "0.01"
 DRAWN = [
     "overview",
@@ -56,6 +60,8 @@ DRAWN_PROPS = {"response-figure": "figure", "estimator-figure": "figure"}
 def register(app: dash.Dash, client: StudyClient) -> None:
     register_study(app, client)
     register_masks(app, client)
+    register_heatmap(app, client)
+    register_compare(app, client)
     register_sort(app)
 
 
@@ -75,15 +81,25 @@ def register_study(app: dash.Dash, client: StudyClient) -> None:
         [Output(key, DRAWN_PROPS.get(key, "children")) for key in DRAWN],
         Output("view-q", "options"),
         Output("view-q", "value", allow_duplicate=True),
+        Output("mask-tensor", "options"),
+        Output("mask-tensor", "value"),
         Input("status", "data"),
         State("prompts", "value"),
         State("view-q", "value"),
+        State("mask-tensor", "value"),
+        State("link-tensor", "data"),
         prevent_initial_call=True,
     )
-    def draw_study(status: dict[str, Any] | None, prompts: str | None, view_q: str | None):
+    def draw_study(
+        status: dict[str, Any] | None,
+        prompts: str | None,
+        view_q: str | None,
+        tensor: str | None,
+        link_tensor: str | None,
+    ):
         study = finished(client, status)
         if study is None:
-            return [HIDDEN] + [dash.no_update] * (len(DRAWN) + 2)
+            return [HIDDEN] + [dash.no_update] * (len(DRAWN) + 4)
         summary = study["summary"]
         texts = client.prompt_texts(study, parse_prompts(prompts or "")[0])
         rewarded = summary["spec"].get("reward") is not None
@@ -91,6 +107,10 @@ def register_study(app: dash.Dash, client: StudyClient) -> None:
         keys = list(summary["masks"]["by_q"])
         options = [{"label": percent(float(key)), "value": key} for key in keys]
         chosen = view_q if view_q in keys else (PAPER_Q if PAPER_Q in keys else keys[0])
+        tensors = summary["masks"]["by_q"][chosen]["tensors"]
+        names = [row["name"] for row in tensors]
+        densest = max(tensors, key=lambda row: row["count"])["name"] if tensors else None
+        drawn = next((name for name in (tensor, link_tensor) if name in names), densest)
         return [
             SHOWN,
             overview(study, client.masks_url(study["id"])),
@@ -103,6 +123,8 @@ def register_study(app: dash.Dash, client: StudyClient) -> None:
             paper_panel(summary),
             options,
             chosen,
+            names,
+            drawn,
         ]
 
 
@@ -151,6 +173,55 @@ def register_masks(app: dash.Dash, client: StudyClient) -> None:
             caption,
             tensor_table(shares, q, sort or DEFAULT_SORT),
         )
+
+
+def register_heatmap(app: dash.Dash, client: StudyClient) -> None:
+    @app.callback(
+        Output("mask-heatmap", "figure"),
+        Input("mask-tensor", "value"),
+        Input("view-q", "value"),
+        Input("status", "data"),
+    )
+    def draw_heatmap(tensor: str | None, view_q: str | None, status: dict[str, Any] | None):
+        study = finished(client, status)
+        if study is None or not tensor or not view_q:
+            raise PreventUpdate
+        try:
+            view = client.mask_view(study["id"], tensor, float(view_q), HEATMAP_ROWS, HEATMAP_COLS)
+        except ApiError as error:
+            return message_figure(f"The mask of {tensor} cannot be drawn: {error}")
+        return mask_heatmap_figure(view)
+
+
+def register_compare(app: dash.Dash, client: StudyClient) -> None:
+    @app.callback(
+        Output("compare-section", "children"),
+        Input("compare-id", "value"),
+        Input("status", "data"),
+    )
+    def draw_comparison(text: str | None, status: dict[str, Any] | None):
+        study = finished(client, status)
+        if study is None:
+            raise PreventUpdate
+        if not (text or "").strip():
+            return []
+        other = study_id_in(text)
+        if other is None:
+            return html.Div(
+                "That is neither a study id (64 hex characters) nor a share link naming one.",
+                className="message",
+            )
+        try:
+            compared = client.compare(study["id"], other)
+        except ApiError as error:
+            return html.Div(f"These two studies cannot be compared: {error}", className="message")
+        return [
+            comparison_table(compared, study["id"], other),
+            html.Div(
+                f"Both of {compared['model']}; the masks are cut at the densities both studies chose.",
+                className="control-hint",
+            ),
+        ]
 
 
 def register_sort(app: dash.Dash) -> None:

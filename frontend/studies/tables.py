@@ -229,3 +229,27 @@ def overlap_cells(compared: dict[str, Any]) -> list[html.Td]:
             strict=True,
         )
     ]
+
+
+def comparison_table(compared: dict[str, Any], a: str, b: str) -> html.Table:
+    """Two studies' masks per density: overlap and Jaccard beside chance, and how many times chance."""
+    rows = [
+        [
+            html.Td(percent(q), className="n"),
+            html.Td(pct(o), className="n compare-overlap"),
+            html.Td(pct(co), className="n chance"),
+            html.Td(f"{o / co:.3g}×" if co else "—", className="n"),
+            html.Td(pct(j), className="n compare-jaccard"),
+            html.Td(pct(cj), className="n chance"),
+        ]
+        for q, o, co, j, cj in zip(
+            compared["q"],
+            compared["overlap"],
+            compared["chance_overlap"],
+            compared["jaccard"],
+            compared["chance_jaccard"],
+            strict=True,
+        )
+    ]
+    headings = ["mask q", f"overlap of {a[:8]}… with {b[:8]}…", "chance", "× chance", "Jaccard", "chance"]
+    return table(headings, rows, "compare-table")

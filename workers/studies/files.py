@@ -14,12 +14,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from backend.compare import set_comparison
+from backend.mask_files import MaskFile, mask_key
 from workers.fisher.study import UNCENTERED, StudyStat, StudySums
 from workers.studies.masks import POLARITY, mask_counts, mask_tensors
 from workers.studies.runner import PromptRecord, ResponseRecord, StudyPart
@@ -42,10 +41,6 @@ def atomic_outputs(targets: Sequence[Path]) -> Iterator[list[Path]]:
         raise
     for temporary, target in zip(temporaries, targets, strict=True):
         temporary.replace(target)
-
-
-def mask_key(q: float, name: str) -> str:
-    return f"q{q:g}/{name}"
 
 
 def write_masks(path: Path, study: FinishedStudy, part: StudyPart, spec: StudySpec) -> None:
@@ -79,34 +74,9 @@ def write_masks(path: Path, study: FinishedStudy, part: StudyPart, spec: StudySp
 
 def read_masks(path: Path) -> tuple[dict[float, dict[str, torch.Tensor]], dict[str, str]]:
     """({q: {name: uint8 mask}}, metadata) of a mask file."""
-    masks: dict[float, dict[str, torch.Tensor]] = {}
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
-        for key in handle.keys():  # noqa: SIM118  (safe_open has keys(), not iteration)
-            prefix, _, name = key.partition("/")
-            masks.setdefault(float(prefix[1:]), {})[name] = handle.get_tensor(key)
-    return masks, metadata
-
-
-def compare_mask_files(path_a: Path, path_b: Path) -> dict:
-    """Overlap and Jaccard of two studies' masks at every density both hold, each beside chance.
-
-    The two must cover the same parameter names and shapes (two samplers, two prompt sets, two
-    estimators of one model)."""
-    masks_a, _ = read_masks(path_a)
-    masks_b, _ = read_masks(path_b)
-    common = sorted(set(masks_a) & set(masks_b))
-    if not common:
-        raise ValueError(f"{path_a} and {path_b} share no mask density")
-    rows = []
-    for q in common:
-        a, b = masks_a[q], masks_b[q]
-        if {n: tuple(t.shape) for n, t in a.items()} != {n: tuple(t.shape) for n, t in b.items()}:
-            raise ValueError("the two mask files cover different parameters")
-        flat_a = np.concatenate([a[n].reshape(-1).numpy() for n in sorted(a)])
-        flat_b = np.concatenate([b[n].reshape(-1).numpy() for n in sorted(a)])
-        rows.append(set_comparison(flat_a, flat_b, [q]))
-    return {key: [row[key][0] for row in rows] for key in rows[0]}
+    masks = MaskFile.open(path)
+    tensors = {q: {name: torch.from_numpy(mask) for name, mask in masks.masks(q)} for q in masks.fractions}
+    return tensors, masks.metadata
 
 
 def write_arrays(path: Path, part: StudyPart) -> None:

@@ -1,0 +1,82 @@
+"""``fisherscope masks info|compare``: read Fisher mask files without loading a model.
+
+Why a command of its own: a mask file is what goes back to training, often long after the study ran and
+on another machine; what it holds and how two of them agree (two samplers, prompt sets, or the exact
+Fisher against an estimator's) is read from the files alone (``backend.mask_files``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from workers.commands.common import UsageError
+
+
+def add_masks_parser(commands) -> None:
+    masks = commands.add_parser("masks", help="what a Fisher mask file holds; two mask files compared")
+    actions = masks.add_subparsers(dest="action", required=True)
+    info = actions.add_parser("info", help="model, densities, thresholds and coordinates per density")
+    info.add_argument("file", type=Path, metavar="MASKS.safetensors")
+    compare = actions.add_parser(
+        "compare", help="overlap and Jaccard of two files' masks at every density both hold, beside chance"
+    )
+    compare.add_argument("a", type=Path, metavar="A.safetensors")
+    compare.add_argument("b", type=Path, metavar="B.safetensors")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+
+
+def cmd_masks(args: argparse.Namespace) -> int:
+    from backend.mask_files import MaskFile, MaskFileError, compare_mask_files
+
+    try:
+        if args.action == "info":
+            print(format_info(MaskFile.open(_existing(args.file))))
+            return 0
+        a, b = MaskFile.open(_existing(args.a)), MaskFile.open(_existing(args.b))
+        rows = compare_mask_files(a, b)
+    except MaskFileError as error:
+        raise UsageError(str(error)) from None
+    if args.json:
+        print(json.dumps({"a": str(args.a), "b": str(args.b), **rows}, indent=1))
+        return 0
+    if a.model_id != b.model_id or a.metadata.get("digest") != b.metadata.get("digest"):
+        print(f"note: the files name different models ({a.model_id} and {b.model_id})")
+    print(f"{'q':>8} {'overlap':>9} {'chance':>8} {'Jaccard':>9} {'chance':>8}")
+    for q, overlap, chance, jaccard, chance_j in zip(
+        rows["q"],
+        rows["overlap"],
+        rows["chance_overlap"],
+        rows["jaccard"],
+        rows["chance_jaccard"],
+        strict=True,
+    ):
+        print(f"{q:>8g} {overlap:>9.2%} {chance:>8.2%} {jaccard:>9.2%} {chance_j:>8.3%}")
+    return 0
+
+
+def format_info(masks) -> str:
+    meta = masks.metadata
+    counts = json.loads(meta.get("counts", "{}"))
+    thresholds = json.loads(meta.get("thresholds", "{}"))
+    total = masks.n_params
+    lines = [
+        f"{masks.path}: {len(masks.shapes)} parameters, {total:,} coordinates",
+        f"model: {meta.get('model_id', '?')} ({meta.get('digest', '?')})",
+        f"polarity: {meta.get('polarity', '?')}",
+        f"{'q':>8} {'in the mask':>12} {'ceil(qP)':>10} {'threshold':>11}",
+    ]
+    for q in masks.fractions:
+        inside = sum(counts.get(f"{q:g}", {}).values())
+        threshold = thresholds.get(f"{q:g}")
+        shown = f"{threshold:.4g}" if isinstance(threshold, float) else "?"
+        lines.append(f"{q:>8g} {inside:>12,} {math.ceil(q * total):>10,} {shown:>11}")
+    return "\n".join(lines)
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    return path
