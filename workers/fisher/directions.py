@@ -140,7 +140,10 @@ class _SquareAccumulator:
 
     def __init__(self, capture: CapturedForward, directions: int, ghost_budget_bytes: int):
         self.sums = _Sums(capture.shapes)
-        self.ghost: dict[int, torch.Tensor] = {}  # block index -> M [o, r, s]
+        self.ghost_blocks: set[int] = set()  # blocks whose squares take the ghost form
+        # M [o, r, s] of ghost blocks between chunks; a group's last chunk folds M into the sums at once,
+        # so a pass of one chunk (a study's few directions) never holds every block's M together
+        self.ghost: dict[int, torch.Tensor] = {}
         self.table_rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> ([c] ids, [c, o])
         budget = ghost_budget_bytes
         for index, block in enumerate(capture.matrices):
@@ -150,7 +153,7 @@ class _SquareAccumulator:
             ghost_bytes = out * rows * rows * feature.element_size()
             if self.prefers_ghost(directions, rows, out, inp) and ghost_bytes <= budget:
                 budget -= ghost_bytes
-                self.ghost[index] = feature.new_zeros(out, rows, rows)
+                self.ghost_blocks.add(index)
 
     @staticmethod
     def prefers_ghost(directions: int, rows: int, out: int, inp: int) -> bool:
@@ -159,9 +162,19 @@ class _SquareAccumulator:
         ghost = directions * 2 * out * rows * rows + out * inp * rows * (rows + 1)
         return ghost < direct
 
-    def add_matrix(self, index: int, block: MatrixBlock, delta: torch.Tensor, weights: torch.Tensor) -> None:
-        if index in self.ghost:
-            self.ghost[index] += _weighted_outer_per_output(delta, weights)
+    def add_matrix(
+        self, index: int, block: MatrixBlock, delta: torch.Tensor, weights: torch.Tensor, last: bool
+    ) -> None:
+        """Fold one chunk's directions of one block; ``last``: no more directions of this group follow."""
+        if index in self.ghost_blocks:
+            m = _weighted_outer_per_output(delta, weights)
+            if index in self.ghost:
+                m = m.add_(self.ghost.pop(index))
+            if not last:
+                self.ghost[index] = m
+                return
+            value = _ghost_squares(m, block.feature)
+            self.sums.add(block.name, value.T if block.transposed else value, block.slice)
             return
         value = _direct_squares(block.feature, delta, weights)
         self.sums.add(block.name, value.T if block.transposed else value, block.slice)
@@ -279,13 +292,14 @@ class _DirectionPass:
                 self._fold_generic(name, start, grad)
 
     def _square_slices(self, start: int, count: int):
-        """(accumulator, local slice of this chunk, weights) for each square group the chunk touches."""
+        """(accumulator, local slice of this chunk, weights, whether the group ends in this chunk) for
+        each square group the chunk touches."""
         for g, acc in enumerate(self.accumulators):
             lo = max(self.square_offsets[g], start)
             hi = min(self.square_offsets[g + 1], start + count)
             if lo < hi:
                 weights = self.square_weights[g][lo - self.square_offsets[g] : hi - self.square_offsets[g]]
-                yield acc, slice(lo - start, hi - start), weights
+                yield acc, slice(lo - start, hi - start), weights, hi == self.square_offsets[g + 1]
 
     def _other_rows(self, start: int, count: int, kind: str) -> list[tuple[int, int]]:
         """(position in the chunk, group) of the chunk's linear or probe rows."""
@@ -293,8 +307,8 @@ class _DirectionPass:
 
     def _fold_matrix(self, index: int, block: MatrixBlock, start: int, delta: torch.Tensor) -> None:
         count = delta.shape[0]
-        for acc, local, weights in self._square_slices(start, count):
-            acc.add_matrix(index, block, delta[local], weights)
+        for acc, local, weights, last in self._square_slices(start, count):
+            acc.add_matrix(index, block, delta[local], weights, last)
         linear = self._other_rows(start, count, "linear")
         if linear:
             grads = _block_gradients(block, delta[[b for b, _ in linear]])
@@ -303,7 +317,7 @@ class _DirectionPass:
 
     def _fold_embedding(self, block: EmbeddingBlock, start: int, unique, rows) -> None:
         count = rows.shape[0]
-        for acc, local, weights in self._square_slices(start, count):
+        for acc, local, weights, _ in self._square_slices(start, count):
             acc.add_embedding(block, unique, rows[local], weights)
         for b, group in self._other_rows(start, count, "linear"):
             value = rows.new_zeros(self.capture.shapes[block.name])
@@ -318,7 +332,7 @@ class _DirectionPass:
 
     def _fold_generic(self, name: str, start: int, grad: torch.Tensor) -> None:
         count = grad.shape[0]
-        for acc, local, weights in self._square_slices(start, count):
+        for acc, local, weights, _ in self._square_slices(start, count):
             acc.add_generic(name, grad[local], weights)
         for b, group in self._other_rows(start, count, "linear"):
             self.linear_sums[group].add(name, grad[b].clone())
