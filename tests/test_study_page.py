@@ -171,14 +171,14 @@ def check_heatmap(page, service: Service, study_id: str, summary: dict) -> str:
     page.wait_for_selector("#mask-heatmap .heatmaplayer")
     tensors = summary["masks"]["by_q"]["0.01"]["tensors"]
     densest = max(tensors, key=lambda row: row["count"])["name"]
-    assert densest in page.inner_text("#mask-heatmap .gtitle")
+    assert densest in (page.text_content("#mask-heatmap .gtitle") or "")
     chosen = next(row for row in tensors if row["name"].endswith("mlp.down_proj.weight"))
     page.click("#mask-tensor")
     page.get_by_role("option", name=chosen["name"], exact=True).click()
     page.wait_for_selector(f"#mask-heatmap .gtitle >> text={chosen['name']}")
     view = service.api.get(f"/studies/{study_id}/masks/{chosen['name']}", params={"q": 0.01}).json()
     assert view["count"] == chosen["count"]
-    assert f"{chosen['count']:,} in the top-1% mask" in page.inner_text("#mask-heatmap .gtitle")
+    assert f"{chosen['count']:,} in the top-1% mask" in (page.text_content("#mask-heatmap .gtitle") or "")
     return chosen["name"]
 
 
@@ -259,7 +259,7 @@ def test_study_page_runs_shares_and_refuses_bad_links(service: Service, browser)
     assert page.input_value("#prompts") == PROMPTS and page.input_value("#pattern") == PATTERN
     check_results(page, study["summary"], service.url, study_id)
     page.wait_for_selector("#compare-table .compare-overlap")  # the link's comparison, and matrix
-    assert tensor in page.inner_text("#mask-heatmap .gtitle")
+    assert tensor in (page.text_content("#mask-heatmap .gtitle") or "")
     assert service.engine_runs() == runs
     watch.check()
     context.close()
