@@ -19,6 +19,16 @@ class SizedModel(Protocol):
     d_model: int
 
 
+# What an analysis costs beyond 2 r P flop per context token and direction, fitted to the seconds
+# `benchmarks/bench_engine.py` measures on SmolLM2-135M (prefixes of 5 to 256 tokens, continuations up to
+# 64, exact and Monte Carlo; it prints the estimate against the measured time) and counted in flops per
+# parameter at the matmul rate, so that a faster machine scales them too.
+DIRECTION_EFFICIENCY = 1.3  # the batched backward and the block squares against 2 r P t
+POSITION_FLOPS_PER_PARAM = 755  # per analysed position: forward, C_mu, the moments folded into the sums
+CONTEXT_TOKEN_FLOPS_PER_PARAM = 94  # per context token of each position: activations kept for the pass
+SUMMARY_FLOPS_PER_PARAM = 3400  # once: totals, concentration curves, top coordinates of every stat
+
+
 def context_lengths(job: AnalysisJob) -> list[int]:
     """Context length of every analysed position: one for a prefix, T along a continuation.
 
@@ -69,12 +79,23 @@ def estimate_flops(info: SizedModel, job: AnalysisJob) -> float:
     return 2.0 * info.n_params * tokens * (backward_directions(info, job) + 1)
 
 
+def estimate_seconds(info: SizedModel, job: AnalysisJob, flops_per_second: float) -> float:
+    """The direction pass at its measured efficiency, plus the per-position, per-token and summary work."""
+    contexts = context_lengths(job)
+    overhead = info.n_params * (
+        POSITION_FLOPS_PER_PARAM * len(contexts)
+        + CONTEXT_TOKEN_FLOPS_PER_PARAM * sum(contexts)
+        + SUMMARY_FLOPS_PER_PARAM
+    )
+    return (DIRECTION_EFFICIENCY * estimate_flops(info, job) + overhead) / max(flops_per_second, 1.0)
+
+
 def estimate_cost(info: SizedModel, job: AnalysisJob, flops_per_second: float) -> CostEstimate:
-    """Flops and seconds of `job` on a model with `info.n_params` parameters at `flops_per_second`."""
+    """Flops of the direction pass, and seconds of the whole analysis, of `job` at `flops_per_second`."""
     flops = estimate_flops(info, job)
     return CostEstimate(
         flops=flops,
-        seconds=flops / max(flops_per_second, 1.0),
+        seconds=estimate_seconds(info, job, flops_per_second),
         directions=backward_directions(info, job),
         upper_bound=parse_method(job.method)[0] == MethodName.truncated,
     )

@@ -121,7 +121,11 @@ class AnalysisJob(BaseModel):
 
 class CostEstimate(BaseModel):
     flops: float = Field(..., description="estimated floating-point operations")
-    seconds: float = Field(..., description="flops / the configured throughput")
+    seconds: float = Field(
+        ...,
+        description="the direction pass at its measured efficiency plus per-position and summary work, at "
+        "the configured (or measured) throughput",
+    )
     directions: int = Field(..., description="backward directions per analysed position")
     upper_bound: bool = Field(False, description="true when the estimate is an upper bound (truncated)")
 

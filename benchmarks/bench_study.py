@@ -12,7 +12,8 @@ Prints, measured in one run on this machine (not a timed test):
   error and top-1% overlap at each size, and what as many backward passes as the exact pass's
   directions would cost.
 
-    .venv/bin/python benchmarks/bench_study.py [--tokens 16] [--samples 2] [--mc 64,256] [--device cpu]
+    .venv/bin/python benchmarks/bench_study.py [--tokens 16] [--samples 2] [--mc 64,256] [--prompts 8]
+        [--device cpu]
 """
 
 from __future__ import annotations
@@ -256,13 +257,16 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mc", default="64,256", help="Monte Carlo responses in total, beyond the study's")
+    parser.add_argument(
+        "--prompts", type=int, default=len(ARITHMETIC), help="the first N of the 8 prompts (memory checks)"
+    )
     args = parser.parse_args()
     loaded = load_model(args.model, device=args.device)
     rate = measure(args.device, size=2048)
     codec = TokenCodec(loaded.tokenizer)
     prompts = encode_prompts(
         Path("bench_study"),
-        [StudyPrompt(i, i + 1, text, target) for i, (text, target) in enumerate(ARITHMETIC)],
+        [StudyPrompt(i, i + 1, text, target) for i, (text, target) in enumerate(ARITHMETIC[: args.prompts])],
         codec.encode_prefix,
         codec.encode_continuation,
         get_settings().max_prefix_tokens,

@@ -23,12 +23,13 @@ from backend.vocabulary import EngineKind
 from workers.fisher.position import HeadLayout
 from workers.fisher.response import log_likelihood_gradient
 from workers.fisher.sampling import sample_continuation, stop_ids
-from workers.fisher.study import StudyStat, StudySums, add_prompt_fisher
+from workers.fisher.study import PromptFisher, StudyStat, StudySums, add_prompt_fisher
 from workers.models.loading import LoadedModel
 from workers.studies.prompts import EncodedPrompt
 from workers.studies.spec import CompareAt, StudySpec
 
 Progress = Callable[[str, float], None]  # (stage, fraction of the part done)
+EXACT_SHARE = 0.9  # of a prompt's progress: sampling and the exact pass; the scores take the rest
 
 
 @dataclass
@@ -121,12 +122,23 @@ def run_study_part(
     layout = HeadLayout.of(model)
     part = StudyPart(StudySums.of(model), layout.head_name, layout.embedding_name)
     report = progress or (lambda stage, fraction: None)
+    n = len(prompts)
+    # Every prompt's exact pass first, then every prompt's scores: the estimators' three running sums
+    # are allocated only once no exact pass (with its P-sized moments per context) is still to run,
+    # which keeps the peak at six P-sized arrays plus the model, whatever the number of prompts.
+    drawn = []
     for done, prompt in enumerate(prompts):
 
-        def within(stage: str, fraction: float, done: int = done) -> None:
-            report(stage, (done + fraction) / len(prompts))
+        def exact_part(stage: str, fraction: float, done: int = done) -> None:
+            report(stage, (done * EXACT_SHARE + fraction) / n)  # fraction runs 0 to EXACT_SHARE
 
-        _run_prompt(study_model, spec, prompt, part, memory_budget_bytes, within)
+        drawn.append(_sample_and_fisher(study_model, spec, prompt, part, memory_budget_bytes, exact_part))
+    for done, prompt_fisher in enumerate(drawn):
+
+        def score_part(stage: str, fraction: float, done: int = done) -> None:
+            report(stage, (n * EXACT_SHARE + done * (1 - EXACT_SHARE) + fraction - EXACT_SHARE) / n)
+
+        _score_and_record(study_model, prompt_fisher, part, score_part)
     report("done", 1.0)
     return part
 
@@ -137,16 +149,28 @@ def _timed(part: StudyPart, stage: str, started: float) -> float:
     return now
 
 
-def _run_prompt(
+@dataclass
+class _DrawnPrompt:
+    """A prompt whose responses are drawn and whose exact pass is summed; its scores are still to come."""
+
+    prompt: EncodedPrompt
+    prompt_ids: torch.Tensor
+    seeds: list[int]
+    responses: list[list[int]]
+    texts: list[str]
+    rewards: list[float] | None
+    fisher: PromptFisher
+
+
+def _sample_and_fisher(
     study_model: StudyModel,
     spec: StudySpec,
     prompt: EncodedPrompt,
     part: StudyPart,
     memory_budget_bytes: int,
     progress: Progress,
-) -> None:
-    """One prompt's responses, exact pass, scores and records (progress 0-0.1 sampling, 0.1-0.9 the
-    exact pass, 0.9-1 scores)."""
+) -> _DrawnPrompt:
+    """One prompt's responses and exact pass (progress 0-0.1 sampling, 0.1-EXACT_SHARE the exact pass)."""
     model = study_model.model
     prompt_ids = torch.tensor(prompt.input_ids, dtype=torch.long, device=next(model.parameters()).device)
     started = time.perf_counter()
@@ -170,28 +194,47 @@ def _run_prompt(
         references=spec.references,
         references_everywhere=spec.compare_at == CompareAt.responses,
         memory_budget_bytes=memory_budget_bytes,
-        progress=lambda fraction: progress("fisher", 0.1 + 0.8 * fraction),
+        progress=lambda fraction: progress("fisher", 0.1 + (EXACT_SHARE - 0.1) * fraction),
     )
-    started = _timed(part, "fisher", started)
-    _add_scores(part.sums, model, prompt_ids, responses, rewards, lambda f: progress("scores", 0.9 + 0.1 * f))
+    _timed(part, "fisher", started)
+    return _DrawnPrompt(prompt, prompt_ids, seeds, responses, texts, rewards, fisher)
+
+
+def _score_and_record(
+    study_model: StudyModel, drawn: _DrawnPrompt, part: StudyPart, progress: Progress
+) -> None:
+    """One prompt's scores (MC and empirical Fisher, policy gradient) and records (progress
+    EXACT_SHARE-1)."""
+    model, prompt, fisher = study_model.model, drawn.prompt, drawn.fisher
+    started = time.perf_counter()
+    _add_scores(
+        part.sums,
+        model,
+        drawn.prompt_ids,
+        drawn.responses,
+        drawn.rewards,
+        lambda f: progress("scores", EXACT_SHARE + (1 - EXACT_SHARE) * f),
+    )
     if prompt.target_ids:
-        target = torch.tensor(prompt.target_ids, dtype=torch.long, device=prompt_ids.device)
-        part.sums.add_square(StudyStat.empirical_fisher, log_likelihood_gradient(model, prompt_ids, target))
+        target = torch.tensor(prompt.target_ids, dtype=torch.long, device=drawn.prompt_ids.device)
+        part.sums.add_square(
+            StudyStat.empirical_fisher, log_likelihood_gradient(model, drawn.prompt_ids, target)
+        )
         part.sums.targets += 1
-    part.sums.responses += len(responses)
+    part.sums.responses += len(drawn.responses)
     _timed(part, "scores", started)
     part.responses += [
         ResponseRecord(
             prompt.index,
             r,
-            seeds[r],
+            drawn.seeds[r],
             list(prompt.input_ids),
             list(response),
-            texts[r],
-            None if rewards is None else rewards[r],
+            drawn.texts[r],
+            None if drawn.rewards is None else drawn.rewards[r],
             fisher.response_totals[r],
         )
-        for r, response in enumerate(responses)
+        for r, response in enumerate(drawn.responses)
     ]
     part.prompts.append(
         PromptRecord(
@@ -199,7 +242,7 @@ def _run_prompt(
             prompt.line,
             len(prompt.input_ids),
             prompt.target,
-            rewards,
+            drawn.rewards,
             {key: sum(t[key] for t in fisher.response_totals) for key in ("fisher", "uncentered")},
             fisher.compared,
             fisher.contexts,
