@@ -161,7 +161,11 @@ def test_a_study_part_whose_worker_died_is_queued_again_and_the_study_ends_as_wi
     while (one := embedded.get(f"/api/v1/studies/{alone}").json())["status"] not in ("done", "failed"):
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    assert one["summary"] == study.summary  # the same responses, sums and masks, bit for bit
+    assert study.summary is not None
+    timing = "timing"  # seconds per stage: the only field that depends on who ran it
+    assert {k: v for k, v in one["summary"].items() if k != timing} == {
+        k: v for k, v in study.summary.items() if k != timing
+    }  # the same responses, sums and masks, bit for bit
 
 
 def _study(client: TestClient, study_id: str):
