@@ -23,10 +23,10 @@ class SizedModel(Protocol):
 # `benchmarks/bench_engine.py` measures on SmolLM2-135M (prefixes of 5 to 256 tokens, continuations up to
 # 64, exact and Monte Carlo; it prints the estimate against the measured time) and counted in flops per
 # parameter at the matmul rate, so that a faster machine scales them too.
-DIRECTION_EFFICIENCY = 1.3  # the batched backward and the block squares against 2 r P t
-POSITION_FLOPS_PER_PARAM = 755  # per analysed position: forward, C_mu, the moments folded into the sums
-CONTEXT_TOKEN_FLOPS_PER_PARAM = 94  # per context token of each position: activations kept for the pass
-SUMMARY_FLOPS_PER_PARAM = 3400  # once: totals, concentration curves, top coordinates of every stat
+DIRECTION_EFFICIENCY = 1.75  # the batched backward and the block squares against 2 r P t at the peak rate
+POSITION_FLOPS_PER_PARAM = 1210  # per analysed position: forward, C_mu, the moments folded into the sums
+CONTEXT_TOKEN_FLOPS_PER_PARAM = 160  # per context token of each position: activations kept for the pass
+SUMMARY_FLOPS_PER_PARAM = 2470  # once: totals, concentration curves, top coordinates of every stat
 
 
 def context_lengths(job: AnalysisJob) -> list[int]:
