@@ -107,11 +107,10 @@ class StudyService:
             reward=create.reward,
             q=create.q,
         )
-        shape = StudyShape(
+        shape = StudyShape.of_prompts(
+            prompts,
             n_params=info.n_params,
             d_model=info.d_model,
-            prompt_lengths=[len(p.input_ids) for p in prompts],
-            target_tokens=[len(p.input_ids) + len(p.target_ids) for p in prompts if p.target_ids],
             samples=job.samples,
             max_tokens=job.max_tokens,
             sampler_kind=job.sampler.kind,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 from backend.vocabulary import MethodName, SamplerKind, parse_method
 
@@ -34,6 +35,23 @@ class StudyShape:
     on_policy: bool
     references: int  # reference distributions compared (0 or 2: model and uniform)
     references_everywhere: bool
+
+    @classmethod
+    def of_prompts(cls, prompts: Sequence[TokenizedPrompt], **sizes: Any) -> StudyShape:
+        """The shape of a study over ``prompts`` (ids, and target ids where given); ``sizes`` the rest."""
+        return cls(
+            prompt_lengths=[len(p.input_ids) for p in prompts],
+            target_tokens=[len(p.input_ids) + len(p.target_ids) for p in prompts if p.target_ids],
+            **sizes,
+        )
+
+
+class TokenizedPrompt(Protocol):
+    @property
+    def input_ids(self) -> Sequence[int]: ...
+
+    @property
+    def target_ids(self) -> Sequence[int] | None: ...
 
 
 @dataclass(frozen=True)

@@ -227,11 +227,10 @@ def _checked_cost(args: argparse.Namespace, info, spec, encoded):
     from backend.study_cost import StudyShape, cheaper_study_methods, estimate_study_cost
     from workers.throughput import matmul_rate
 
-    shape = StudyShape(
+    shape = StudyShape.of_prompts(
+        encoded,
         n_params=info.n_params,
         d_model=info.d_model,
-        prompt_lengths=[len(p.input_ids) for p in encoded],
-        target_tokens=[len(p.input_ids) + len(p.target_ids) for p in encoded if p.target_ids],
         samples=spec.samples,
         max_tokens=spec.max_tokens,
         sampler_kind=spec.sampler.kind,
