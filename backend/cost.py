@@ -11,6 +11,7 @@ import math
 from typing import Protocol
 
 from backend.schemas import AnalysisJob, CostEstimate
+from backend.square_forms import prefers_ghost
 from backend.vocabulary import MethodName, SamplerKind, is_on_policy, parse_method
 
 
@@ -23,10 +24,11 @@ class SizedModel(Protocol):
 # `benchmarks/bench_engine.py` measures on SmolLM2-135M (prefixes of 5 to 256 tokens, continuations up to
 # 64, exact and Monte Carlo; it prints the estimate against the measured time) and counted in flops per
 # parameter at the matmul rate, so that a faster machine scales them too.
-DIRECTION_EFFICIENCY = 1.75  # the batched backward and the block squares against 2 r P t at the peak rate
-POSITION_FLOPS_PER_PARAM = 1210  # per analysed position: forward, C_mu, the moments folded into the sums
-CONTEXT_TOKEN_FLOPS_PER_PARAM = 160  # per context token of each position: activations kept for the pass
-SUMMARY_FLOPS_PER_PARAM = 2470  # once: totals, concentration curves, top coordinates of every stat
+DIRECTION_EFFICIENCY = 1.26  # the batched backward and the block squares against 2 r P t at the peak rate
+POSITION_FLOPS_PER_PARAM = 160  # per analysed position: forward, C_mu, the moments folded into the sums
+CONTEXT_TOKEN_FLOPS_PER_PARAM = 110  # per context token of each position: activations kept for the pass
+GHOST_PAIR_FLOPS_PER_PARAM = 4.7  # times n (n + 1) per position in the ghost form: its squares, M
+SUMMARY_FLOPS_PER_PARAM = 1400  # once, measured: totals, concentration curves, top coordinates
 
 
 def context_lengths(job: AnalysisJob) -> list[int]:
@@ -79,12 +81,22 @@ def estimate_flops(info: SizedModel, job: AnalysisJob) -> float:
     return 2.0 * info.n_params * tokens * (backward_directions(info, job) + 1)
 
 
+def ghost_context_pairs(info: SizedModel, job: AnalysisJob) -> int:
+    """sum of n (n + 1) over the positions whose n context rows take the ghost form (the engine's rule,
+    on a d_model x d_model block): that form's squares cost about P n (n + 1) flop per pass."""
+    directions = backward_directions(info, job)
+    d = info.d_model
+    return sum(n * (n + 1) for n in context_lengths(job) if prefers_ghost(directions, n, d, d))
+
+
 def estimate_seconds(info: SizedModel, job: AnalysisJob, flops_per_second: float) -> float:
-    """The direction pass at its measured efficiency, plus the per-position, per-token and summary work."""
+    """The direction pass at its measured efficiency, plus the per-position, per-token, ghost-form and
+    summary work."""
     contexts = context_lengths(job)
     overhead = info.n_params * (
         POSITION_FLOPS_PER_PARAM * len(contexts)
         + CONTEXT_TOKEN_FLOPS_PER_PARAM * sum(contexts)
+        + GHOST_PAIR_FLOPS_PER_PARAM * ghost_context_pairs(info, job)
         + SUMMARY_FLOPS_PER_PARAM
     )
     return (DIRECTION_EFFICIENCY * estimate_flops(info, job) + overhead) / max(flops_per_second, 1.0)

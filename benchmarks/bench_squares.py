@@ -4,7 +4,7 @@ For a matrix block with r rows (context tokens), b directions and an [o, i] weig
 the direct form (per-direction gradients in tiles of output rows, squared and summed in cache), of the
 ghost form (M = sum_b w_b delta_b delta_b^T per output, then pairs r <= s against the features), each
 as a multiple of 2 b r o i at the matmul rate measured in the same run, and which one the engine's
-cost model picks. ``DIRECT_ELEMENTWISE_FLOPS`` in ``workers/fisher/directions.py`` is read off this.
+cost model picks. ``DIRECT_ELEMENTWISE_FLOPS`` in ``backend/square_forms.py`` is read off this.
 
     .venv/bin/python benchmarks/bench_squares.py [--dtype float32]
 """
@@ -20,11 +20,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from backend.square_forms import prefers_ghost  # noqa: E402
 from workers.fisher.directions import (  # noqa: E402
     _direct_squares,
+    _ghost_moments,
     _ghost_squares,
-    _SquareAccumulator,
-    _weighted_outer_per_output,
 )
 from workers.throughput import measure  # noqa: E402
 
@@ -42,7 +42,7 @@ def _time(fn, *args, repeat: int = 3) -> float:
 
 
 def _ghost(x: torch.Tensor, delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    return _ghost_squares(_weighted_outer_per_output(delta, weights), x)
+    return _ghost_squares(_ghost_moments(delta, weights), x)
 
 
 def main() -> None:
@@ -69,7 +69,7 @@ def main() -> None:
                 floor = 2 * directions * rows * out * inp / rate
                 direct = _time(_direct_squares, x, delta, weights) / floor
                 ghost = _time(_ghost, x, delta, weights) / floor
-                picked = "ghost" if _SquareAccumulator.prefers_ghost(directions, rows, out, inp) else "direct"
+                picked = "ghost" if prefers_ghost(directions, rows, out, inp) else "direct"
                 print(f"{directions:>4} {rows:>4} {out:>5}x{inp:<5} {direct:>9.2f} {ghost:>9.2f}  {picked}")
 
 

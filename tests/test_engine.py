@@ -63,6 +63,12 @@ def test_summary_numbers_agree_with_the_arrays(tiny_random):
     fisher = analysis.per_parameter("fisher")
     assert top["value"] == pytest.approx(max(float(v.max()) for v in fisher.values()))
     assert float(fisher[top["tensor"]][tuple(top["index"])]) == pytest.approx(top["value"])
+    # a signed stat's top coordinates are the largest by magnitude, with their sign
+    shift = analysis.per_parameter("mean_shift")
+    magnitudes = sorted((abs(float(x)) for v in shift.values() for x in v.reshape(-1)), reverse=True)
+    tops = summary["top_coordinates"]["mean_shift"]
+    assert [abs(t["value"]) for t in tops] == pytest.approx(magnitudes[: len(tops)])
+    assert all(float(shift[t["tensor"]][tuple(t["index"])]) == pytest.approx(t["value"]) for t in tops)
     # concentration: the named shares are exact top-k sums
     flat = torch.cat([v.reshape(-1).double() for v in fisher.values()])
     k = math.ceil(0.01 * flat.numel())

@@ -7,6 +7,15 @@ import torch
 
 from backend.vocabulary import STATS, MethodName, SamplerKind
 from tests.tiny_models import BUDGET, tiny_llama, tiny_qwen2
+from workers.fisher.directions import (
+    GHOST_ROWWISE_MAX_ROWS,
+    _direct_squares,
+    _ghost_moments,
+    _ghost_squares,
+    _pair_moments_by_grams,
+    _pair_moments_by_rows,
+    ghost_entries,
+)
 from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
@@ -23,6 +32,8 @@ PREFIXES = {
     "plain": [3, 5, 8, 7, 11],
     "repeated": [4, 9, 4, 4, 2, 9],
     "single": [6],
+    # past GHOST_ROWWISE_MAX_ROWS: the ghost form's M by batched Grams instead of per-row products
+    "long": [3, 5, 8, 7, 11, 2, 9, 4, 4, 6, 1, 12, 10, 3, 5],
 }
 
 pytestmark = pytest.mark.usefixtures("float64_reference")
@@ -108,6 +119,22 @@ def test_one_direction_per_chunk_and_direct_squares_agree(model):
     for stat in ("fisher", "uncentered", "raw", "mean_shift", "policy_grad", "bound"):
         for name in kappa:
             torch.testing.assert_close(fast.stat(stat, name), reference[stat][name], rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("rows", [1, 5, GHOST_ROWWISE_MAX_ROWS, GHOST_ROWWISE_MAX_ROWS + 1, 20])
+def test_ghost_and_direct_squares_agree_with_the_definition(rows):
+    """Both ways of forming M's pairs, and both forms of the squares, against sum_b w_b (delta_b^T x)^2."""
+    generator = torch.Generator().manual_seed(rows)
+    delta = torch.randn(7, rows, 6, generator=generator, dtype=torch.float64)
+    x = torch.randn(rows, 4, generator=generator, dtype=torch.float64)
+    weights = torch.rand(7, generator=generator, dtype=torch.float64)
+    want = torch.einsum("b,boi->oi", weights, torch.einsum("bro,ri->boi", delta, x).square())
+    m = _ghost_moments(delta, weights)
+    assert m.numel() == ghost_entries(rows) * 6
+    for way in (_pair_moments_by_rows, _pair_moments_by_grams):  # pairs, or the whole M: same squares
+        torch.testing.assert_close(_ghost_squares(way(delta, weights), x), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_ghost_squares(m, x), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_direct_squares(x, delta, weights), want, rtol=1e-12, atol=1e-12)
 
 
 def test_response_sums_match_per_position_brute_force(model):

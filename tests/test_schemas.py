@@ -10,10 +10,12 @@ from backend import registry as catalog
 from backend.cost import (
     CONTEXT_TOKEN_FLOPS_PER_PARAM,
     DIRECTION_EFFICIENCY,
+    GHOST_PAIR_FLOPS_PER_PARAM,
     POSITION_FLOPS_PER_PARAM,
     SUMMARY_FLOPS_PER_PARAM,
     context_lengths,
     estimate_cost,
+    ghost_context_pairs,
 )
 from backend.normalize import RequestError, check_model_id, normalize
 from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec
@@ -168,9 +170,14 @@ def test_cost_exact_matches_design_figure() -> None:
     assert cost.directions == 576 and not cost.upper_bound
     assert cost.flops == pytest.approx(2 * 577 * 134_515_008 * 5)
     assert 0.7e12 < cost.flops < 0.8e12
-    # the seconds add what the direction pass does not count: a position, its 5 tokens, the summary
+    # the seconds add what the direction pass does not count: a position, its 5 tokens, the ghost form
+    # of its squares (576 directions over 5 rows: the engine's rule picks it), the summary
+    assert ghost_context_pairs(info, job) == 5 * 6
     overhead = 134_515_008 * (
-        POSITION_FLOPS_PER_PARAM + 5 * CONTEXT_TOKEN_FLOPS_PER_PARAM + SUMMARY_FLOPS_PER_PARAM
+        POSITION_FLOPS_PER_PARAM
+        + 5 * CONTEXT_TOKEN_FLOPS_PER_PARAM
+        + 30 * GHOST_PAIR_FLOPS_PER_PARAM
+        + SUMMARY_FLOPS_PER_PARAM
     )
     assert cost.seconds == pytest.approx((DIRECTION_EFFICIENCY * cost.flops + overhead) / 1e12)
 

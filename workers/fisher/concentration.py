@@ -12,9 +12,12 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from backend.vocabulary import TOP_FRACTIONS
+from workers.fisher import cpu_kernels
+from workers.fisher.terms import StatTerms
 
 NAMED_FRACTIONS = TOP_FRACTIONS
 MANTISSA_BITS_KEPT = 4  # 16 bins per octave
@@ -39,18 +42,31 @@ class Histogram:
         return float(self.sums.sum())
 
 
-def histogram(chunks: Iterable[torch.Tensor]) -> Histogram:
-    """Counts and sums per log bin over non-negative ``chunks``."""
+Stat = torch.Tensor | StatTerms  # an array, or a sum of arrays binned without being formed
+
+
+def _terms(chunk: Stat) -> StatTerms:
+    return chunk if isinstance(chunk, StatTerms) else StatTerms(chunk)
+
+
+def histogram(chunks: Iterable[Stat]) -> Histogram:
+    """Counts and sums per log bin over non-negative ``chunks`` (sums in float64)."""
     counts = torch.zeros(N_BINS, dtype=torch.float64)
     sums = torch.zeros(N_BINS, dtype=torch.float64)
     total = 0
     for chunk in chunks:
-        flat = chunk.reshape(-1)
-        total += flat.numel()
-        index = _bins(flat)
-        counts += torch.bincount(index, minlength=N_BINS).to("cpu", torch.float64)
+        terms = _terms(chunk)
+        total += terms.base.numel()
+        if terms.base.device.type == "cpu":
+            chunk_counts, chunk_sums = cpu_kernels.histogram(terms, _SHIFT, N_BINS)
+        else:
+            flat = terms.formed().reshape(-1)
+            index = _bins(flat)
+            chunk_counts = torch.bincount(index, minlength=N_BINS)
+            chunk_sums = torch.bincount(index, weights=flat.double(), minlength=N_BINS)
+        counts += chunk_counts.to("cpu", torch.float64)
         # negatives (rounding) land in bin 0 with the zeros, and bin 0's sum is dropped below
-        sums += torch.bincount(index, weights=flat, minlength=N_BINS).to("cpu", torch.float64)
+        sums += chunk_sums.to("cpu", torch.float64)
     sums[0] = 0.0
     return Histogram(counts, sums, total)
 
@@ -81,8 +97,10 @@ class ThresholdPlan:
             if b is None:
                 out.append(Threshold(k, 0.0, above_sum))
                 continue
-            values = torch.sort(torch.cat(members[b]), descending=True).values
-            out.append(Threshold(k, float(values[need - 1]), above_sum + float(values[:need].sum())))
+            # the need largest of the boundary bin: a partition, not a sort (the bin can hold 1e6 values)
+            values = torch.cat(members[b]).numpy()
+            largest = np.partition(values, values.size - need)[values.size - need :]
+            out.append(Threshold(k, float(largest.min()), above_sum + float(largest.sum())))
         return out
 
 
@@ -102,26 +120,56 @@ def plan_thresholds(hist: Histogram, fractions: Iterable[float]) -> ThresholdPla
     return ThresholdPlan(rows)
 
 
-def bin_floor(b: int) -> float:
-    """The smallest float32 value of bin ``b`` (bins are monotone: value >= bin_floor(b) iff bin >= b)."""
-    return float(torch.tensor(b << _SHIFT, dtype=torch.int32).view(torch.float32))
+def selection_mask(wanted: set[int], from_bin: int | None = None) -> torch.Tensor:
+    """bool per bin: the ``wanted`` bins and, with ``from_bin``, every bin at or above it (never bin 0)."""
+    mask = torch.zeros(N_BINS, dtype=torch.bool)
+    mask[sorted(wanted)] = True
+    if from_bin is not None:
+        mask[max(from_bin, 1) :] = True
+    mask[0] = False
+    return mask
 
 
-def collect_bins(chunk: torch.Tensor, wanted: set[int], into: dict[int, list[torch.Tensor]]) -> None:
-    """Append the values of ``chunk`` that fall in the ``wanted`` bins.
+def select_bins(
+    chunk: Stat, wanted: set[int], from_bin: int | None = None, hist: Histogram | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(flat indices, float64 values, bins) of the values of ``chunk`` whose bin is in ``wanted`` or, with
+    ``from_bin``, at or above it (bin 0, the zeros, never). ``hist``: the chunk's own histogram, which
+    says how many there are (on the CPU the selection is then one compiled pass, else two)."""
+    terms = _terms(chunk)
+    mask = selection_mask(wanted, from_bin)
+    at_most = None if hist is None else int(hist.counts[mask].sum())
+    if at_most == 0:
+        empty = torch.empty(0, dtype=torch.int64)
+        return empty, torch.empty(0, dtype=torch.float64), empty.int()
+    if terms.base.device.type == "cpu":
+        return cpu_kernels.select(terms, _SHIFT, mask, at_most)
+    flat = terms.formed().reshape(-1)
+    bins = _bins(flat)
+    index = torch.nonzero(mask.to(flat.device)[bins.long()]).flatten()
+    return index.cpu(), flat[index].to("cpu", torch.float64), bins[index].cpu()
 
-    One comparison on the values keeps everything at or above the lowest wanted bin; only that subset
-    is binned and split.
-    """
+
+def collect_bins(chunk: Stat, wanted: set[int], into: dict[int, list[torch.Tensor]]) -> None:
+    """Append the values of ``chunk`` that fall in the ``wanted`` bins (as float64)."""
     if not wanted:
         return
-    flat = chunk.reshape(-1)
-    values = flat[flat.float() >= bin_floor(min(wanted))]
-    bins = _bins(values)
-    for b in wanted:
-        sel = values[bins == b]
-        if sel.numel():
-            into.setdefault(b, []).append(sel.to(torch.float64))
+    _, values, bins = select_bins(chunk, wanted)
+    group_by_bin(values, bins, wanted, into)
+
+
+def group_by_bin(
+    values: torch.Tensor, bins: torch.Tensor, wanted: set[int], into: dict[int, list[torch.Tensor]]
+) -> None:
+    """Append ``values`` to ``into[b]`` by their bin b, for the ``wanted`` bins (one sort, not one scan
+    per bin: a selection holds up to ~1e6 values)."""
+    if not wanted or not values.numel():
+        return
+    order = torch.argsort(bins, stable=True)
+    present, counts = torch.unique_consecutive(bins[order], return_counts=True)
+    for b, group in zip(present.tolist(), torch.split(values[order], counts.tolist()), strict=True):
+        if b in wanted:
+            into.setdefault(b, []).append(group)
 
 
 def thresholds(

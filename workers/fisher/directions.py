@@ -12,7 +12,7 @@ backward per chunk), and each block folds them into its own moments right away:
 
 Squares of a matrix are formed "direct" (each direction's [o, i] gradient, cost ~ B o i r) or
 "ghost" (f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s}, M = sum_j w_j delta_j delta_j^T, cost
-~ B o r^2 + o i r^2, memory o r^2), chosen per block by flops within a memory budget. Parameters
+~ B o r^2 + o i r^2, memory o r(r+1)/2), chosen per block by flops within a memory budget. Parameters
 without a form (capture.generic) get their per-direction gradients from autograd itself.
 Index conventions: b direction, r/s row, i in, o out, c token row.
 """
@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backend.square_forms import direct_cost, ghost_cost
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
 
 Progress = Callable[[float], None]
 ChunkCallback = Callable[[Callable[[], "DirectionResults"], list[int]], None]
 FIRST_CHUNK = 32  # directions in the first chunk when partial results are wanted
-# Direct squares: tiles of about this many bytes of per-direction gradient, and the cost of squaring and
-# summing an element counted in matmul flops (measured on SmolLM2's blocks; benchmarks/bench_squares.py)
+# Direct squares: tiles of about this many bytes of per-direction gradient (which form a block takes:
+# backend.square_forms, shared with the cost estimate)
 DIRECT_TILE_BYTES = 2 << 20
 DIRECT_TILE_MIN_ROWS = 8
-DIRECT_ELEMENTWISE_FLOPS = 48
 
 
 @dataclass
@@ -100,21 +100,60 @@ def _direct_squares(x: torch.Tensor, delta: torch.Tensor, weights: torch.Tensor)
     return value
 
 
+def _pair_indices(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs r <= s in row-major order: (0, 0), (0, 1), ..., (1, 1), ..."""
+    upper, lower = torch.triu_indices(rows, rows, device=device)
+    return upper, lower
+
+
 def _ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s} over the pairs r <= s only (M is symmetric)."""
-    rows = x.shape[0]
-    upper, lower = torch.triu_indices(rows, rows, device=x.device)
-    pairs = x[upper] * x[lower]  # [r(r+1)/2, i]
+    """f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s}, over M's pairs r <= s (M is symmetric); ``m`` is M
+    as ``_ghost_moments`` keeps it: its pairs [pairs, o], or the whole [o, r, r]."""
+    first, second = _pair_indices(x.shape[0], x.device)
+    m_pairs = m if m.dim() == 2 else m[:, first, second].T
     # an off-diagonal pair stands for (r, s) and (s, r)
-    m_pairs = m[:, upper, lower] * torch.where(upper == lower, 1.0, 2.0).to(m.dtype)
-    return m_pairs @ pairs  # [o, i]
+    twice = torch.where(first == second, 1.0, 2.0).to(x.dtype)
+    features = x[first] * x[second] * twice[:, None]  # [pairs, i]
+    return m_pairs.T @ features  # [o, i]
 
 
-def _weighted_outer_per_output(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """M[o, r, s] = sum_b w_b delta[b, r, o] delta[b, s, o], weights >= 0 (eigenvalues, 1/S)."""
-    if delta.shape[1] <= 8:  # few rows: one broadcast product beats many tiny matmuls
-        return torch.tensordot(weights, delta[:, :, None, :] * delta[:, None, :, :], dims=1).permute(2, 0, 1)
-    scaled = (delta * weights.clamp_min(0).sqrt()[:, None, None]).permute(2, 1, 0).contiguous()  # [o, r, b]
+GHOST_ROWWISE_MAX_ROWS = 12  # up to here one matrix-vector product per row beats a batch of tiny matmuls
+
+
+def _ghost_moments(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """M[o, r, s] = sum_b w_b delta[b, r, o] delta[b, s, o] (w >= 0): with few rows its pairs r <= s only
+    ([pairs, o]), with many the whole [o, r, r] (picking the pairs out of each chunk's Grams costs more
+    than the Grams; they are picked once, in ``_ghost_squares``). Chunks add up in either layout.
+
+    Why two ways: with few rows, each row's products with the rows after it ([b, rows, o], in cache)
+    meet the weights in one matrix-vector product; a broadcast over all pairs at once writes b r^2 o
+    floats, and reading them back was most of a short prefix's direction pass. With many rows, one
+    small Gram per output (a batched matmul) costs less.
+    """
+    rows = delta.shape[1]
+    if rows > GHOST_ROWWISE_MAX_ROWS:
+        return _pair_moments_by_grams(delta, weights)
+    return _pair_moments_by_rows(delta, weights)
+
+
+def ghost_entries(rows: int) -> int:
+    """Entries of M per output as ``_ghost_moments`` keeps it."""
+    return rows * (rows + 1) // 2 if rows <= GHOST_ROWWISE_MAX_ROWS else rows * rows
+
+
+def _pair_moments_by_rows(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    count, rows, out = delta.shape
+    weights = weights.clamp_min(0).to(delta.dtype)
+    parts = [
+        (weights @ (delta[:, r : r + 1] * delta[:, r:]).reshape(count, -1)).reshape(rows - r, out)
+        for r in range(rows)
+    ]
+    return torch.cat(parts)
+
+
+def _pair_moments_by_grams(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    scaled = (delta * weights.clamp_min(0).sqrt().to(delta.dtype)[:, None, None]).permute(2, 1, 0)
+    scaled = scaled.contiguous()  # [o, r, b]
     return torch.bmm(scaled, scaled.transpose(1, 2))
 
 
@@ -145,29 +184,28 @@ class _SquareAccumulator:
         # so a pass of one chunk (a study's few directions) never holds every block's M together
         self.ghost: dict[int, torch.Tensor] = {}
         self.table_rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> ([c] ids, [c, o])
-        budget = ghost_budget_bytes
+        # the ghost form where it saves work, within the budget for M: the blocks that save the most per
+        # byte of M first (at long contexts not every block's M fits, and which ones do decides the time)
+        candidates = []
         for index, block in enumerate(capture.matrices):
-            feature = block.feature
-            rows, inp = feature.shape
+            rows, inp = block.feature.shape
             out = block.uses[0].output.shape[-1]
-            ghost_bytes = out * rows * rows * feature.element_size()
-            if self.prefers_ghost(directions, rows, out, inp) and ghost_bytes <= budget:
+            saving = direct_cost(directions, rows, out, inp) - ghost_cost(directions, rows, out, inp)
+            ghost_bytes = out * ghost_entries(rows) * block.feature.element_size()
+            if saving > 0:
+                candidates.append((saving / ghost_bytes, ghost_bytes, index))
+        budget = ghost_budget_bytes
+        for _, ghost_bytes, index in sorted(candidates, reverse=True):
+            if ghost_bytes <= budget:
                 budget -= ghost_bytes
                 self.ghost_blocks.add(index)
-
-    @staticmethod
-    def prefers_ghost(directions: int, rows: int, out: int, inp: int) -> bool:
-        """The cheaper form by cost: flops, and the direct form's squaring and summing per element."""
-        direct = directions * out * inp * (2 * rows + DIRECT_ELEMENTWISE_FLOPS)
-        ghost = directions * 2 * out * rows * rows + out * inp * rows * (rows + 1)
-        return ghost < direct
 
     def add_matrix(
         self, index: int, block: MatrixBlock, delta: torch.Tensor, weights: torch.Tensor, last: bool
     ) -> None:
         """Fold one chunk's directions of one block; ``last``: no more directions of this group follow."""
         if index in self.ghost_blocks:
-            m = _weighted_outer_per_output(delta, weights)
+            m = _ghost_moments(delta, weights)
             if index in self.ghost:
                 m = m.add_(self.ghost.pop(index))
             if not last:

@@ -10,6 +10,7 @@ coordinates of the curve stats.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,16 +18,19 @@ from typing import Any
 import torch
 
 from backend.vocabulary import SIGNED_STATS
+from workers.fisher import cpu_kernels
 from workers.fisher.concentration import (
     NAMED_FRACTIONS,
     Histogram,
+    Stat,
     Threshold,
-    bin_floor,
-    collect_bins,
     concentration_curve,
+    group_by_bin,
     histogram,
     merge,
     plan_thresholds,
+    select_bins,
+    selection_mask,
     thresholds,
 )
 from workers.fisher.grouping import layer_of, module_kind
@@ -37,40 +41,15 @@ TOP_STATS = ("fisher", "uncentered", "raw", "mean_shift", "policy_grad")
 Candidate = tuple[float, str, int, float]  # (magnitude, tensor, flat index, value)
 
 
-def tensor_totals(
-    sums: MomentSums, name: str, computed: dict[str, torch.Tensor] | None = None
-) -> dict[str, float]:
-    """Sums of the non-negative stats, sums of squares of the signed ones, the mean of rho.
-
-    ``computed`` holds stats of this tensor the caller already formed, so none is formed twice.
-    """
-    computed = computed or {}
-
-    def value_of(stat: str) -> torch.Tensor:
-        return computed[stat] if stat in computed else sums.stat(stat, name)
-
-    fisher = float(value_of("fisher").sum())
-
-    def total(stat: str, squared: bool = False) -> float:
-        if sums.identically_zero(stat):
-            return 0.0
-        if sums.alias(stat) == "fisher":
-            return fisher
-        value = value_of(stat)
-        return float(value.square().sum() if squared else value.sum())
-
-    totals = {
-        "fisher": fisher,
-        "uncentered": total("uncentered"),
-        "raw": total("raw"),
-        "mean_shift_sq": total("mean_shift", squared=True),
-        "common_sq": total("common", squared=True),
-        "rho_mean": float(sums.stat("rho", name).mean()),
-    }
-    if sums.has_reward:
-        totals["policy_grad_sq"] = total("policy_grad", squared=True)
-        totals["bound"] = total("bound")
-    return totals
+# the totals a stat contributes: (key in "totals", summed as a square)
+_TOTALS = {
+    "fisher": ("fisher", False),
+    "uncentered": ("uncentered", False),
+    "raw": ("raw", False),
+    "mean_shift": ("mean_shift_sq", True),
+    "common": ("common_sq", True),
+}
+_REWARD_TOTALS = {"policy_grad": ("policy_grad_sq", True), "bound": ("bound", False)}
 
 
 @dataclass
@@ -132,17 +111,41 @@ class _ModelPass:
         self.model = _Group()
         self.hists: dict[str, dict[str, Histogram]] = {stat: {} for stat in self.curve}
         self.candidates: dict[str, list[Candidate]] = {stat: [] for stat in self.top_stats}
+        self.totals_of = dict(_TOTALS, **(_REWARD_TOTALS if sums.has_reward else {}))
+        # every stat that is formed: the curves', the top coordinates' and the totals'; a stat equal to
+        # another by construction is formed once, for all of them, and one zero by construction not at all
+        self.formed = _distinct_stats(sums, (*self.curve, *self.top_stats, *self.totals_of))
+        self.aliases = {stat: [s for s in self.totals_of if sums.alias(s) == stat] for stat in self.formed}
+        self.total_keys = [key for key, _ in _TOTALS.values()] + ["rho_mean"]
+        self.total_keys += [key for key, _ in _REWARD_TOTALS.values()] if sums.has_reward else []
+        largest = max((math.prod(shape) for shape in sums.shapes.values()), default=0)
+        self.scratch = _scratch.take(largest, sums.dtype, sums.device)
 
     def first(self, name: str) -> None:
-        """Totals, histograms and (for stats without a curve) top candidates of one tensor."""
+        """Totals, histograms and (for stats without a curve) top candidates of one tensor.
+
+        Each stat is formed once, into the scratch buffer, and everything it feeds is taken from it
+        before the next one is formed.
+        """
         sums = self.sums
-        computed = {stat: sums.stat(stat, name) for stat in dict.fromkeys(self.curve + self.top_stats)}
-        totals = tensor_totals(sums, name, computed)
-        for stat in self.curve:
-            self.hists[stat][name] = histogram([computed[stat]])
-        for stat in self.top_stats:
-            if stat not in self.curve:  # curve stats find their top coordinates in the second pass
-                self.candidates[stat].extend(_top_candidates(name, computed[stat], stat in SIGNED_STATS))
+        found: dict[str, float] = {}
+        for stat in self.formed:
+            if stat in self.curve:
+                # binned from its terms, unformed; its totals are the histogram's (float64) sums, and its
+                # top coordinates are found in the second pass
+                hist = self.hists[stat][name] = histogram([self._stat(stat, name)])
+                for alias in self.aliases[stat]:
+                    found[self.totals_of[alias][0]] = hist.total
+                continue
+            value = sums.stat(stat, name, out=self.scratch)
+            for alias in self.aliases[stat]:
+                key, squared = self.totals_of[alias]
+                found[key] = self._total(value, squared)
+            if stat in self.top_stats:
+                self.candidates[stat].extend(_top_candidates(name, value, stat in SIGNED_STATS))
+        found["rho_mean"] = float(sums.stat("rho", name, out=self.scratch).mean())
+        # the order of the contract's totals; a stat zero by construction was never formed: 0
+        totals = {key: found.get(key, 0.0) for key in self.total_keys}
         numel = math.prod(sums.shapes[name])
         kind = module_kind(name, self.head_name, self.embedding_name)
         layer = layer_of(name, self.embedding_name)
@@ -156,6 +159,19 @@ class _ModelPass:
             self.model,
         ):
             group.add(totals, numel)
+
+    def _stat(self, stat: str, name: str) -> Stat:
+        """The stat's terms where it is a sum of stored arrays, else the stat formed in the scratch."""
+        terms = self.sums.terms(stat, name)
+        return terms if terms is not None else self.sums.stat(stat, name, out=self.scratch)
+
+    @staticmethod
+    def _total(value: torch.Tensor, squared: bool) -> float:
+        if not squared:
+            return float(value.sum())
+        if value.device.type == "cpu":  # float64 sums, no square formed (a float32 dot is 5e-4 off at 1e7)
+            return cpu_kernels.square_sum(value)
+        return float(value.double().square().sum())
 
     def groups(self) -> dict:
         return {
@@ -173,7 +189,7 @@ class _ModelPass:
         model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in self.curve}
         members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in self.curve}
         # the bin of the model's TOP_COORDINATES-th largest value: everything at or above it is a candidate
-        top_floor = {stat: bin_floor(_top_bin(model_hists[stat])) for stat in self.curve}
+        top_bin = {stat: _top_bin(model_hists[stat]) for stat in self.curve}
         for entry in self.tensors:
             name = entry["name"]
             per_tensor = "fisher" in self.hists  # else the Fisher is identically zero: shares 0
@@ -184,13 +200,18 @@ class _ModelPass:
                 wanted = model_plans[stat].bins | (
                     tensor_plan.bins if tensor_plan and stat == "fisher" else set()
                 )
+                hist = self.hists[stat][name]
+                # one pass: the boundary bins' values and, at or above the top bin, the candidates; a
+                # tensor with none of them (its histogram says) is not formed again
+                needed = bool(hist.counts[selection_mask(wanted, top_bin[stat])].any())
+                value = self._stat(stat, name) if needed else self.scratch[:0]
+                index, values, bins = select_bins(value, wanted, top_bin[stat], hist)
                 found: dict[int, list[torch.Tensor]] = {}
-                value = self.sums.stat(stat, name)
-                collect_bins(value, wanted, found)
+                group_by_bin(values, bins, wanted, found)
                 if stat in self.candidates:
-                    flat = value.reshape(-1)
-                    for i in torch.nonzero(flat.float() >= top_floor[stat]).flatten().tolist():
-                        self.candidates[stat].append((float(flat[i]), name, i, float(flat[i])))
+                    top = bins >= top_bin[stat]
+                    for i, v in zip(index[top].tolist(), values[top].tolist(), strict=True):
+                        self.candidates[stat].append((v, name, i, v))
                 for b in model_plans[stat].bins:
                     members[stat].setdefault(b, []).extend(found.get(b, []))
                 if stat == "fisher" and tensor_plan is not None:
@@ -199,6 +220,33 @@ class _ModelPass:
                     entry["concentration"] = {"fisher": shares}
         self.model_hists = model_hists
         return {stat: model_plans[stat].finish(members[stat]) for stat in self.curve}
+
+
+class _ScratchPool:
+    """The summary's buffer, kept between summaries: one buffer the size of the largest tensor costs
+    as much in first-touch page faults as the summary's arithmetic on some machines. A buffer is taken
+    out while a summary uses it, so concurrent summaries never share one."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.free: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        with self.lock:
+            free = self.free.get((dtype, torch.device(device)), [])
+            buffer = free.pop() if free else None
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.empty(numel, dtype=dtype, device=device)
+        return buffer
+
+    def give(self, *buffers: torch.Tensor | None) -> None:
+        with self.lock:
+            for buffer in buffers:
+                if buffer is not None:
+                    self.free.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+
+
+_scratch = _ScratchPool()
 
 
 def _zero_curve() -> dict:
@@ -216,6 +264,13 @@ def model_summary(
     null. What a partial result can afford after each chunk of directions.
     """
     work = _ModelPass(sums, head_name, embedding_name, () if light else curve_stats)
+    try:
+        return _summarize(work, sums, curve_stats, light)
+    finally:
+        _scratch.give(work.scratch)
+
+
+def _summarize(work: _ModelPass, sums: MomentSums, curve_stats: tuple[str, ...], light: bool) -> dict:
     if light:
         work.top_stats = []
     for name in sums.names:
@@ -244,13 +299,18 @@ def _top_bin(hist: Histogram, k: int = TOP_COORDINATES) -> int:
 def _top_candidates(
     name: str, value: torch.Tensor, signed: bool, k: int = TOP_COORDINATES
 ) -> list[Candidate]:
+    """The k largest coordinates of a tensor, by magnitude for a signed stat: of its k largest and k
+    smallest values (no |value| array)."""
     flat = value.reshape(-1)
-    magnitude = flat.abs() if signed else flat
-    top = torch.topk(magnitude, min(k, flat.numel()))
-    return [
-        (float(m), name, int(i), float(flat[i]))
-        for m, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
-    ]
+    k = min(k, flat.numel())
+    tops = [torch.topk(flat, k)] + ([torch.topk(flat, k, largest=False)] if signed else [])
+    found = {
+        int(i): float(v)
+        for top in tops
+        for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+    }
+    ranked = sorted(found.items(), key=lambda item: -abs(item[1]) if signed else -item[1])[:k]
+    return [(abs(v) if signed else v, name, i, v) for i, v in ranked]
 
 
 def _top_coordinates(

@@ -10,6 +10,7 @@ sums of squares the uncentered and raw moments need), and rho is the ratio of su
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -17,13 +18,9 @@ import torch
 
 from backend.vocabulary import STATS
 from workers.fisher.position import PositionMoments
+from workers.fisher.terms import StatTerms
 
 Params = dict[str, torch.Tensor]
-
-
-def _safe_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """num / den, 0 where den is 0 (there 0 <= num <= den makes num 0 too: 0/0, no other case)."""
-    return (num / den).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 @dataclass
@@ -41,13 +38,11 @@ class MomentSums:
     positions: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
-    _last_square: tuple[str, str, torch.Tensor] | None = field(default=None, repr=False)
 
     SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
     def add(self, m: PositionMoments) -> None:
         """Fold one position in (the caller may drop ``m`` afterwards)."""
-        self._last_square = None
         on_policy = m.kbar_mu is m.kbar_p
         self.dtype = m.hidden.dtype
         self.device = m.hidden.device
@@ -91,25 +86,8 @@ class MomentSums:
         table[name] = table[name] + value if name in table else value
 
     def _get(self, key: str, name: str) -> torch.Tensor | None:
-        value = self.sums.get(key, {}).get(name)
-        if value is None and self.positions == 1 and key in self.SQUARED:
-            # formed on demand for one position; the last one is kept, as the stats of one tensor
-            # (uncentered, raw, rho, their totals) ask for the same square several times in a row
-            if self._last_square is not None and self._last_square[:2] == (key, name):
-                return self._last_square[2]
-            base = self.sums.get(self.SQUARED[key], {}).get(name)
-            value = None if base is None else base.square()
-            self._last_square = None if value is None else (key, name, value)
-            return value
-        if value is None and self.positions == 1 and key == "kbar_mu_sq" and "mean_shift" in self.sums:
-            return (self.sums["common"][name] + self.sums["mean_shift"][name]).square()
-        return value
-
-    def _common_sq(self, name: str) -> torch.Tensor:
-        value = self._get("common_sq", name)
-        if value is None:  # every position adds the common component, so this means nothing was added
-            raise ValueError("no position has been added")
-        return value
+        """A stored sum (none for the squares of a single position: those are formed where used)."""
+        return self.sums.get(key, {}).get(name)
 
     @property
     def has_reward(self) -> bool:
@@ -133,27 +111,83 @@ class MomentSums:
         """The stat this one equals exactly (uncentered is fisher on-policy)."""
         return "fisher" if stat == "uncentered" and not self.has_mean_shift else stat
 
-    def stat(self, stat: str, name: str) -> torch.Tensor:
-        """One stat for one parameter tensor."""
+    def stat(self, stat: str, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """One stat for one parameter tensor.
+
+        ``out``: a buffer (at least the tensor's size, the sums' dtype) that a formed stat is written into
+        instead of a new tensor, so that a pass over every stat of every tensor allocates nothing large
+        (on some machines a fresh P-sized array costs more in page faults than the arithmetic). A stored
+        stat (fisher, mean_shift, common, policy_grad, bound) is returned as it is: never modify it.
+        """
         if stat not in STATS:
             raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
         if self.identically_zero(stat):
             return self._zeros(name)
-        fisher = self.sums["fisher"][name] if "fisher" in self.sums else self._zeros(name)
-        if stat == "fisher":
-            return fisher
-        if stat == "uncentered":
-            shift_sq = self._get("mean_shift_sq", name)
-            return fisher if shift_sq is None else fisher + shift_sq
-        if stat == "raw":
-            kbar_mu_sq = self._get("kbar_mu_sq", name)
-            return fisher + (self._common_sq(name) if kbar_mu_sq is None else kbar_mu_sq)
         if stat == "rho":
-            fisher_p = self._get("fisher_p", name)
-            fisher_p = fisher if fisher_p is None else fisher_p
-            common_sq = self._common_sq(name)
-            return _safe_ratio(common_sq, fisher_p + common_sq)
-        return self.sums[stat][name]  # mean_shift, common, policy_grad, bound
+            return self._rho(name, self._buffer(name, out))
+        terms = self.terms(stat, name)
+        if terms is None:  # raw at one position off-policy: kbar_mu = common + shift, squared in place
+            target = self._buffer(name, out)
+            torch.add(self.sums["common"][name], self.sums["mean_shift"][name], out=target)
+            return target.square_().add_(self._fisher(name))
+        return terms.formed(None if terms.extra is None else self._buffer(name, out))
+
+    def terms(self, stat: str, name: str) -> StatTerms | None:
+        """The stat as a sum of stored arrays (see ``StatTerms``); None for rho, and for raw at one
+        position off-policy (the square of common + shift), which have to be formed."""
+        if stat not in STATS:
+            raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
+        if stat == "rho":
+            return None
+        if self.identically_zero(stat):
+            return StatTerms(self._zeros(name))
+        fisher = self._fisher(name)
+        if stat == "fisher" or (stat == "uncentered" and not self.has_mean_shift):
+            return StatTerms(fisher)  # on-policy the uncentered Fisher is the Fisher
+        if stat == "uncentered":
+            return self._plus_square(fisher, "mean_shift_sq", name)
+        if stat == "raw":
+            if "kbar_mu_sq" in self.sums:
+                return StatTerms(fisher, self.sums["kbar_mu_sq"][name])
+            if self.has_mean_shift:
+                return None
+            return self._plus_square(fisher, "common_sq", name)
+        return StatTerms(self.sums[stat][name])  # mean_shift, common, policy_grad, bound
+
+    def _fisher(self, name: str) -> torch.Tensor:
+        return self.sums["fisher"][name] if "fisher" in self.sums else self._zeros(name)
+
+    def _rho(self, name: str, out: torch.Tensor) -> torch.Tensor:
+        """common_sq / (fisher_p + common_sq), 0 where that is 0 (then common_sq is 0 too)."""
+        fisher_p = self._get("fisher_p", name)
+        fisher_p = self._fisher(name) if fisher_p is None else fisher_p
+        denominator = self._plus_square(fisher_p, "common_sq", name).formed(out)
+        common_sq = self._get("common_sq", name)
+        if common_sq is None:  # one position: the square of the common component, never stored
+            common = self.sums["common"][name]
+            ratio = denominator.reciprocal_().mul_(common).mul_(common)
+        else:
+            ratio = torch.div(common_sq, denominator, out=denominator)
+        return ratio.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+    def _buffer(self, name: str, out: torch.Tensor | None) -> torch.Tensor:
+        shape = self.shapes[name]
+        if out is None:
+            return torch.empty(shape, dtype=self.dtype, device=self.device)
+        return out.reshape(-1)[: math.prod(shape)].view(shape)
+
+    def _plus_square(self, base: torch.Tensor, key: str, name: str) -> StatTerms:
+        """base + the sum of squares ``key`` (mean_shift_sq, common_sq): stored from the second position
+        on, the square of the first moment at one position."""
+        stored = self._get(key, name)
+        if stored is not None:
+            return StatTerms(base, stored)
+        first = self.sums.get(self.SQUARED[key], {}).get(name)
+        if first is None:
+            if key == "common_sq":  # every position adds the common component
+                raise ValueError("no position has been added")
+            return StatTerms(base)
+        return StatTerms(base, first, squared=True)
 
     def _zeros(self, name: str) -> torch.Tensor:
         return torch.zeros(self.shapes[name], dtype=self.dtype, device=self.device)

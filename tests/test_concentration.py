@@ -1,0 +1,108 @@
+"""Log-bin histograms, bin selection and exact top-k sums against direct computations (sort, bincount)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from workers.fisher.concentration import (
+    N_BINS,
+    _bins,
+    collect_bins,
+    group_by_bin,
+    histogram,
+    select_bins,
+    thresholds,
+)
+from workers.fisher.terms import StatTerms
+
+
+def _values(n: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    """Non-negative values over many octaves, with zeros, ties, denormals and rounding-level negatives."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.rand(n, generator=generator, dtype=torch.float64).pow(12).to(dtype)
+    values[:: max(1, n // 50)] = 0.0
+    values[1 :: max(1, n // 20)] = 0.25  # ties
+    values[2] = 1e-40  # a float32 denormal: bin 0, like a zero
+    values[3] = -1e-9  # rounding below zero: bin 0
+    return values
+
+
+def _reference_histogram(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    index = _bins(values)
+    counts = torch.bincount(index, minlength=N_BINS).double()
+    sums = torch.bincount(index, weights=values.double(), minlength=N_BINS)
+    sums[0] = 0.0
+    return counts, sums
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [7, 1_100_000 + 3])
+def test_histogram_counts_and_float64_sums_match_bincount(dtype, n):
+    values = _values(n, dtype)
+    hist = histogram([values[: n // 3], values[n // 3 :]])
+    counts, sums = _reference_histogram(values)
+    assert hist.total_count == n
+    assert torch.equal(hist.counts, counts)
+    torch.testing.assert_close(hist.sums, sums, rtol=1e-12, atol=0.0)
+
+
+def test_histogram_sums_do_not_lose_increments_past_float32():
+    """2^24 + 10^6 ones in one bin: a float32 running sum stops at 2^24."""
+    n = (1 << 24) + 1_000_000
+    hist = histogram([torch.ones(n)])
+    assert hist.total == float(n)
+
+
+def test_selection_is_every_value_of_the_wanted_bins_and_above_a_bin():
+    values = _values(1_100_000 + 11)
+    bins = _bins(values)
+    nonzero = bins[bins > 0]
+    wanted = {int(nonzero.median()), int(nonzero.max()) - 40}
+    from_bin = int(nonzero.max()) - 5
+    for hist in (None, histogram([values])):
+        index, got, got_bins = select_bins(values, wanted, from_bin, hist)
+        keep = (bins > 0) & (torch.isin(bins, torch.tensor(sorted(wanted))) | (bins >= from_bin))
+        expected = torch.nonzero(keep).flatten()
+        assert torch.equal(index, expected)
+        assert torch.equal(got, values[expected].double())
+        assert torch.equal(got_bins.long(), bins[expected].long())
+    found: dict[int, list[torch.Tensor]] = {}
+    collect_bins(values, wanted, found)
+    for b in wanted:
+        assert torch.equal(torch.cat(found[b]), values[bins == b].double())
+    grouped: dict[int, list[torch.Tensor]] = {}
+    group_by_bin(got, got_bins, wanted, grouped)
+    assert {b: torch.cat(v) for b, v in grouped.items()}.keys() == found.keys()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_named_thresholds_are_exact_top_k_sums(seed):
+    values = _values(300_001, seed=seed).clamp_min(0)
+    chunks = [values[:100_000], values[100_000:]]
+    fractions = [1e-5, 0.001, 0.01, 0.05, 0.1, 0.9]
+    named = thresholds(histogram(chunks), lambda: iter(chunks), fractions)
+    ordered = torch.sort(values.double(), descending=True).values
+    for q, threshold in zip(fractions, named, strict=True):
+        k = max(1, math.ceil(q * values.numel()))
+        assert threshold.k == k
+        assert threshold.value == float(ordered[k - 1])
+        assert threshold.top_sum == pytest.approx(float(ordered[:k].sum()), rel=1e-12)
+
+
+@pytest.mark.parametrize("squared", [False, True])
+def test_a_sum_of_arrays_bins_and_selects_as_its_formed_array(squared):
+    """base + extra (or + extra^2) read term by term gives what the formed array gives."""
+    base = _values(1_100_000 + 5, seed=3)
+    extra = _values(base.numel(), seed=4).clamp_min(0).sqrt()
+    terms = StatTerms(base, extra, squared)
+    formed = terms.formed()
+    hist, want = histogram([terms]), histogram([formed])
+    assert torch.equal(hist.counts, want.counts)
+    torch.testing.assert_close(hist.sums, want.sums, rtol=1e-12, atol=0.0)
+    bins = _bins(formed)
+    wanted = {int(bins.max()) - 3, int(bins[bins > 0].median())}
+    for got, expected in zip(select_bins(terms, wanted, hist=hist), select_bins(formed, wanted), strict=True):
+        assert torch.equal(got, expected)

@@ -1,0 +1,29 @@
+"""A stat that is an elementwise sum of stored arrays: ``base + extra`` or ``base + extra**2``.
+
+Why a type of its own: the uncentered and raw Fisher are such sums (the Fisher plus a sum of squares, or
+plus the square of a first moment at one position), and a pass over every coordinate (a histogram, a
+selection) can read the stored arrays directly instead of forming a parameter-sized array first.
+``formed`` is the one place the sum is computed as an array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StatTerms:
+    base: torch.Tensor
+    extra: torch.Tensor | None = None  # None: the stat is ``base`` itself
+    squared: bool = False  # base + extra * extra
+
+    def formed(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The stat as an array, written into ``out`` when given (``base`` itself when there is no extra)."""
+        if self.extra is None:
+            return self.base
+        if self.squared:
+            # the square rounded, then the sum: what the compiled loops compute (addcmul may fuse them)
+            return torch.mul(self.extra, self.extra, out=out).add_(self.base)  # type: ignore[arg-type]
+        return torch.add(self.base, self.extra, out=out)  # type: ignore[arg-type]
