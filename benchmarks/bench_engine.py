@@ -217,7 +217,8 @@ def _report_exact(label: str, r: dict) -> None:
     )
     print(f"  peak memory     {r['peak_gb']:8.2f} GB")
     print(
-        f"  matmul rate     {r['matmul_flops_per_second'] / 1e9:8.1f} GFLOP/s (float32 2048^2, measured now)"
+        f"  matmul rate     {r['matmul_flops_per_second'] / 1e9:8.1f} GFLOP/s"
+        " (float32 2048^2 for 1 s, measured now)"
     )
     print(f"  floor 2rPT      {floor_flops / 1e12:8.3f} TFLOP = {floor_seconds:.2f} s at that rate")
     print(f"  ratio           {r['seconds'] / floor_seconds:8.2f} x floor (end to end, warm model)")
