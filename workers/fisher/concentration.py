@@ -135,15 +135,18 @@ def select_bins(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(flat indices, float64 values, bins) of the values of ``chunk`` whose bin is in ``wanted`` or, with
     ``from_bin``, at or above it (bin 0, the zeros, never). ``hist``: the chunk's own histogram, which
-    says how many there are (on the CPU the selection is then one compiled pass, else two)."""
+    says how many there are (without it, on the CPU, one is taken first: the selection then writes its
+    output in one compiled pass)."""
     terms = _terms(chunk)
     mask = selection_mask(wanted, from_bin)
-    at_most = None if hist is None else int(hist.counts[mask].sum())
-    if at_most == 0:
+    on_cpu = terms.base.device.type == "cpu"
+    if hist is None and on_cpu:
+        hist = histogram([terms])
+    if hist is not None and not hist.counts[mask].any():
         empty = torch.empty(0, dtype=torch.int64)
         return empty, torch.empty(0, dtype=torch.float64), empty.int()
-    if terms.base.device.type == "cpu":
-        return cpu_kernels.select(terms, _SHIFT, mask, at_most)
+    if hist is not None and on_cpu:
+        return cpu_kernels.select(terms, _SHIFT, mask, int(hist.counts[mask].sum()))
     flat = terms.formed().reshape(-1)
     bins = _bins(flat)
     index = torch.nonzero(mask.to(flat.device)[bins.long()]).flatten()

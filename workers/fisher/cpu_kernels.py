@@ -75,21 +75,6 @@ def _select(base, extra, mode, shift, wanted, at_most):  # pragma: no cover - co
 
 
 @numba.njit(nogil=True, cache=True)
-def _count(base, extra, mode, shift, wanted):  # pragma: no cover - compiled
-    found = 0
-    for i in range(base.size):
-        v = base[i]
-        if mode == _PLUS:
-            v = v + extra[i]
-        elif mode == _PLUS_SQUARE:
-            v = v + extra[i] * extra[i]
-        b = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
-        if b > 0 and wanted[b]:
-            found += 1
-    return found
-
-
-@numba.njit(nogil=True, cache=True)
 def _square_sum(values):  # pragma: no cover - compiled
     total = 0.0
     for i in range(values.size):
@@ -120,14 +105,9 @@ def histogram(terms: StatTerms, shift: int, n_bins: int) -> tuple[torch.Tensor, 
 
 
 def select(
-    terms: StatTerms, shift: int, wanted: torch.Tensor, at_most: int | None = None
+    terms: StatTerms, shift: int, wanted: torch.Tensor, at_most: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(flat indices, float64 values, bins) of a stat's values on the CPU whose bin (> 0) is ``wanted``
-    (bool per bin); ``at_most``: how many there can be (a histogram of the stat says), else counted
-    first (a pass that writes nothing)."""
-    arrays = _arrays(terms)
-    mask = wanted.numpy()
-    if at_most is None:
-        at_most = _count(*arrays, shift, mask)
-    index, values, bins = _select(*arrays, shift, mask, at_most)
+    (bool per bin); ``at_most``: how many there are (a histogram of the stat says), so one pass."""
+    index, values, bins = _select(*_arrays(terms), shift, wanted.numpy(), at_most)
     return torch.from_numpy(index), torch.from_numpy(values), torch.from_numpy(bins)

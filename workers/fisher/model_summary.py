@@ -239,11 +239,9 @@ class _ScratchPool:
             buffer = torch.empty(numel, dtype=dtype, device=device)
         return buffer
 
-    def give(self, *buffers: torch.Tensor | None) -> None:
+    def give(self, buffer: torch.Tensor) -> None:
         with self.lock:
-            for buffer in buffers:
-                if buffer is not None:
-                    self.free.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+            self.free.setdefault((buffer.dtype, buffer.device), []).append(buffer)
 
 
 _scratch = _ScratchPool()

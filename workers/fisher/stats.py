@@ -183,10 +183,8 @@ class MomentSums:
         if stored is not None:
             return StatTerms(base, stored)
         first = self.sums.get(self.SQUARED[key], {}).get(name)
-        if first is None:
-            if key == "common_sq":  # every position adds the common component
-                raise ValueError("no position has been added")
-            return StatTerms(base)
+        if first is None:  # every position adds the common component (and a mean shift when it has one)
+            raise ValueError("no position has been added")
         return StatTerms(base, first, squared=True)
 
     def _zeros(self, name: str) -> torch.Tensor:
