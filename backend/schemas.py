@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from backend.vocabulary import EngineKind, SamplerKind, parse_method
 
 # Bumped whenever the engine's numbers change, so old cache entries (and certificates) stop matching.
-ENGINE_VERSION = "3"
+ENGINE_VERSION = "4"
 
 
 class JobStatus(StrEnum):

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from workers.fisher import cpu_kernels
 from workers.fisher.concentration import (
     N_BINS,
     _bins,
@@ -106,3 +107,43 @@ def test_a_sum_of_arrays_bins_and_selects_as_its_formed_array(squared):
     wanted = {int(bins.max()) - 3, int(bins[bins > 0].median())}
     for got, expected in zip(select_bins(terms, wanted, hist=hist), select_bins(formed, wanted), strict=True):
         assert torch.equal(got, expected)
+
+
+def test_parts_in_threads_give_what_one_pass_gives(monkeypatch):
+    """The compiled loops cut a large array into one part per torch thread: the same counts, sums,
+    selection (indices offset by each part's start) and sum of squares as one part."""
+    values = _values(100_003, seed=5)
+    extra = _values(values.numel(), seed=6).clamp_min(0).sqrt()
+    terms = StatTerms(values, extra, squared=True)
+    bins = _bins(terms.formed())
+    wanted = {int(bins[bins > 0].median())}
+
+    def run():
+        hist = histogram([terms])
+        return hist, select_bins(terms, wanted, int(bins.max()) - 2, hist), cpu_kernels.square_sum(values)
+
+    monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 1 << 40)
+    one_hist, one_selection, one_square = run()
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 1000)
+    torch.set_num_threads(3)  # three parts, whatever this machine has
+    try:
+        hist, selection, square = run()
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(hist.counts, one_hist.counts)
+    torch.testing.assert_close(hist.sums, one_hist.sums, rtol=1e-12, atol=0.0)
+    for got, expected in zip(selection, one_selection, strict=True):
+        assert torch.equal(got, expected)
+    assert square == pytest.approx(one_square, rel=1e-12)
+
+
+@pytest.mark.parametrize("squared", [False, True])
+def test_the_extra_terms_mean_share_is_the_mean_of_the_formed_ratio(squared):
+    """rho's mean in one compiled pass: mean of extra / (base + extra), 0/0 as 0, against torch's ratio."""
+    base = _values(300_007, seed=7).clamp_min(0)
+    extra = _values(base.numel(), seed=8).clamp_min(0)
+    base[:50], extra[:50] = 0.0, 0.0  # 0/0: a share of 0
+    terms = StatTerms(base, extra, squared)
+    want = float(terms.extra_share().double().mean())
+    assert cpu_kernels.extra_share_mean(terms) == pytest.approx(want, rel=1e-6)

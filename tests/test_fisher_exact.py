@@ -13,6 +13,7 @@ from workers.fisher.directions import (
     _ghost_moments,
     _ghost_squares,
     _pair_moments_by_grams,
+    _pair_moments_by_products,
     _pair_moments_by_rows,
     ghost_entries,
 )
@@ -131,7 +132,8 @@ def test_ghost_and_direct_squares_agree_with_the_definition(rows):
     want = torch.einsum("b,boi->oi", weights, torch.einsum("bro,ri->boi", delta, x).square())
     m = _ghost_moments(delta, weights)
     assert m.numel() == ghost_entries(rows) * 6
-    for way in (_pair_moments_by_rows, _pair_moments_by_grams):  # pairs, or the whole M: same squares
+    # pairs (the CPU's compiled loop, or the GPU's products), or the whole M: the same squares
+    for way in (_pair_moments_by_rows, _pair_moments_by_products, _pair_moments_by_grams):
         torch.testing.assert_close(_ghost_squares(way(delta, weights), x), want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(_ghost_squares(m, x), want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(_direct_squares(x, delta, weights), want, rtol=1e-12, atol=1e-12)

@@ -29,6 +29,7 @@ from workers.fisher.response import SequenceAnalysis, analyze_sequence
 from workers.fisher.response_summary import response_summary
 from workers.fisher.sampler import SamplerConfig
 from workers.models.loading import LoadedModel
+from workers.process_memory import retain_freed_memory
 
 ProgressCallback = Callable[[str, float], None]
 PartialCallback = Callable[[dict, float], None]  # (light summary, kept share of trace(C_mu))
@@ -161,6 +162,7 @@ def run_analysis(
     coordinates or overlap) with the share of trace(C_mu) they carry.
     """
     started = time.perf_counter()
+    retain_freed_memory()
     report = _staged(progress)
     model = loaded.model
     sampler = request.sampler

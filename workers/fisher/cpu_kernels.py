@@ -7,11 +7,19 @@ several times. GPU tensors take the torch path of the callers, which these loops
   float32 (1% off over 1e8 values); these read each value once, allocate nothing of the input's size and
   sum in float64.
 - ``square_sum`` (the totals of signed stats): float64 without a squared array.
+- ``pair_moments`` (the ghost form's M with few rows, ``directions``): each direction's rows are read
+  once, from cache, for all of their pairs; torch's way writes and reads back b x pairs x o products.
 
-One thread: a second one on two cores measured slower (torch's own threads hold the other core).
+A large array is cut into one part per torch thread, each compiled loop running without the GIL in a
+thread of its own (the summary runs when torch's threads are idle): a histogram of 2.8e7 values went
+from 1.54 to 0.75 ns per value on two cores.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numba
 import numpy as np
@@ -24,6 +32,23 @@ from workers.fisher.terms import StatTerms
 
 # a stat is base, base + extra or base + extra * extra (``StatTerms``), summed here as torch would
 _BASE, _PLUS, _PLUS_SQUARE = 0, 1, 2
+PART_MIN_VALUES = 1 << 18  # below this a part costs more to hand to a thread than it saves
+_Part = TypeVar("_Part")
+_pool: ThreadPoolExecutor | None = None
+_pool_threads = 0
+
+
+def _in_parts(size: int, work: Callable[[int, int], _Part]) -> list[_Part]:
+    """``work(lo, hi)`` over [0, size) cut into parts, one per torch thread, this thread doing the first."""
+    global _pool, _pool_threads
+    count = max(1, min(torch.get_num_threads(), size // PART_MIN_VALUES))
+    if count == 1:
+        return [work(0, size)]
+    if _pool is None or _pool_threads < count - 1:  # torch's thread count can be raised at run time
+        _pool, _pool_threads = ThreadPoolExecutor(count - 1, thread_name_prefix="fisher-kernels"), count - 1
+    bounds = [size * k // count for k in range(count + 1)]
+    others = [_pool.submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:], strict=True)]
+    return [work(bounds[0], bounds[1]), *(future.result() for future in others)]
 
 
 @intrinsic
@@ -38,9 +63,39 @@ def _float32_bits(typingctx, value):
     return types.int32(types.float32), codegen
 
 
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Ask for the cache line of ``array[index]`` (LLVM's prefetch: never faults, even past the end).
+
+    Why: the stats these loops read were written long before (cold), and the loops' scattered
+    updates leave the hardware prefetcher behind: 2.45 -> 1.47 ns per value on 8.85e5-value arrays.
+    """
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        byte = ir.IntType(8).as_pointer()
+        int32 = ir.IntType(32)
+        prefetch = builder.module.declare_intrinsic(
+            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [byte, int32, int32, int32])
+        )
+        # read, keep in all cache levels, data cache
+        flags = [ir.Constant(int32, 0), ir.Constant(int32, 3), ir.Constant(int32, 1)]
+        builder.call(prefetch, [builder.bitcast(builder.gep(data, [args[1]]), byte), *flags])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
+
+
+_AHEAD = 256  # values ahead of the loop that are asked for (one request per 64-byte line of float32)
+
+
 @numba.njit(nogil=True, cache=True)
 def _histogram_into(base, extra, mode, shift, counts, sums):  # pragma: no cover - compiled
     for i in range(base.size):
+        if i % 16 == 0:
+            _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
+            if mode != _BASE:
+                _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
         v = base[i]  # written out in each loop: a shared inlined helper compiled 6x slower
         if mode == _PLUS:
             v = v + extra[i]
@@ -60,6 +115,10 @@ def _select(base, extra, mode, shift, wanted, at_most):  # pragma: no cover - co
     out_bins = np.empty(at_most, np.int32)
     j = 0
     for i in range(base.size):
+        if i % 16 == 0:
+            _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
+            if mode != _BASE:
+                _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
         v = base[i]
         if mode == _PLUS:
             v = v + extra[i]
@@ -78,13 +137,67 @@ def _select(base, extra, mode, shift, wanted, at_most):  # pragma: no cover - co
 def _square_sum(values):  # pragma: no cover - compiled
     total = 0.0
     for i in range(values.size):
+        if i % 16 == 0:
+            _prefetch(values, i + _AHEAD)  # type: ignore[call-arg]
         total += np.float64(values[i]) * np.float64(values[i])
     return total
 
 
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # x / 0 is inf or nan, as in torch
+def _extra_share_sum(base, extra, squared):  # pragma: no cover - compiled
+    total = 0.0
+    for i in range(base.size):
+        if i % 16 == 0:
+            _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
+            _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
+        e = extra[i]
+        whole = base[i] + e * e if squared else base[i] + e
+        share = e / whole * e if squared else e / whole  # as StatTerms.extra_share, rounding included
+        if np.isfinite(share):  # 0/0 -> 0: a zero sum has zero terms
+            total += share
+    return total
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _pair_moments_into(delta, weights, out):  # pragma: no cover - compiled
+    count, rows, width = delta.shape
+    weighted = np.empty(width, delta.dtype)
+    for b in range(count):
+        pair = 0
+        for r in range(rows):
+            for o in range(width):
+                weighted[o] = weights[b] * delta[b, r, o]
+            for s in range(r, rows):
+                total, row = out[pair], delta[b, s]
+                for o in range(width):
+                    total[o] += weighted[o] * row[o]
+                pair += 1
+
+
+def pair_moments(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[pairs, o]: sum_b w_b delta[b, r, o] delta[b, s, o] for the pairs r <= s in row-major order, in
+    delta's dtype (as torch's matrix-vector product sums them)."""
+    count, rows, width = delta.shape
+    out = torch.zeros(rows * (rows + 1) // 2, width, dtype=delta.dtype)
+    weights = weights.detach().to(delta.dtype).contiguous()
+    _pair_moments_into(delta.detach().contiguous().numpy(), weights.numpy(), out.numpy())
+    return out
+
+
 def square_sum(value: torch.Tensor) -> float:
     """sum of squares of a CPU tensor, each square and the sum in float64."""
-    return float(_square_sum(value.detach().reshape(-1).contiguous().numpy()))
+    flat = value.detach().reshape(-1).contiguous().numpy()
+    return float(sum(_in_parts(flat.size, lambda lo, hi: _square_sum(flat[lo:hi]))))
+
+
+def extra_share_mean(terms: StatTerms) -> float:
+    """The mean of ``terms.extra_share()`` over a CPU tensor, summed in float64, nothing formed."""
+    base, extra, _ = _arrays(terms)
+    if terms.extra is None:
+        raise ValueError("a stat without an extra term has no share of it")
+    squared = terms.squared
+    total = sum(_in_parts(base.size, lambda lo, hi: _extra_share_sum(base[lo:hi], extra[lo:hi], squared)))
+    return total / base.size if base.size else 0.0
 
 
 def _arrays(terms: StatTerms) -> tuple[np.ndarray, np.ndarray, int]:
@@ -98,9 +211,18 @@ def _arrays(terms: StatTerms) -> tuple[np.ndarray, np.ndarray, int]:
 
 def histogram(terms: StatTerms, shift: int, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 counts and sums per bin of a stat on the CPU (bin = float32 bits >> shift, < 0 -> 0)."""
-    counts = np.zeros(n_bins, np.int64)
-    sums = np.zeros(n_bins, np.float64)
-    _histogram_into(*_arrays(terms), shift, counts, sums)
+    base, extra, mode = _arrays(terms)
+
+    def part(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        counts, sums = np.zeros(n_bins, np.int64), np.zeros(n_bins, np.float64)
+        _histogram_into(base[lo:hi], extra[lo:hi], mode, shift, counts, sums)
+        return counts, sums
+
+    parts = _in_parts(base.size, part)
+    counts, sums = parts[0]
+    for more_counts, more_sums in parts[1:]:
+        counts += more_counts
+        sums += more_sums
     return torch.from_numpy(counts.astype(np.float64)), torch.from_numpy(sums)
 
 
@@ -109,5 +231,13 @@ def select(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(flat indices, float64 values, bins) of a stat's values on the CPU whose bin (> 0) is ``wanted``
     (bool per bin); ``at_most``: how many there are (a histogram of the stat says), so one pass."""
-    index, values, bins = _select(*_arrays(terms), shift, wanted.numpy(), at_most)
+    base, extra, mode = _arrays(terms)
+    mask = wanted.numpy()
+
+    def part(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # each part may hold all of them; untouched pages of its output are never faulted in
+        index, values, bins = _select(base[lo:hi], extra[lo:hi], mode, shift, mask, at_most)
+        return index + lo, values, bins
+
+    index, values, bins = (np.concatenate(arrays) for arrays in zip(*_in_parts(base.size, part), strict=True))
     return torch.from_numpy(index), torch.from_numpy(values), torch.from_numpy(bins)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.square_forms import direct_cost, ghost_cost
+from workers.fisher import cpu_kernels
+from workers.fisher.batched_backward import batched_grad
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
 
 Progress = Callable[[float], None]
@@ -62,6 +64,7 @@ class DirectionResults:
     squares: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     linears: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     probes: dict[str, torch.Tensor] = field(default_factory=dict)  # [d] per probe
+    shared: bool = False  # a snapshot: some tensors are still the running pass's sums (read, never write)
 
 
 def _block_gradients(block: MatrixBlock, delta: torch.Tensor) -> torch.Tensor:
@@ -142,6 +145,13 @@ def ghost_entries(rows: int) -> int:
 
 
 def _pair_moments_by_rows(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    if delta.device.type == "cpu":
+        return cpu_kernels.pair_moments(delta, weights.clamp_min(0))
+    return _pair_moments_by_products(delta, weights)
+
+
+def _pair_moments_by_products(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The GPU's way (and the reference of the CPU's loop): all of a row's products at once."""
     count, rows, out = delta.shape
     weights = weights.clamp_min(0).to(delta.dtype)
     parts = [
@@ -381,7 +391,7 @@ class _DirectionPass:
 
     def finish(self, keep: bool = False) -> DirectionResults:
         """The results; ``keep``: a snapshot of what the chunks so far give, the pass going on."""
-        results = DirectionResults(probes=dict(self.results.probes)) if keep else self.results
+        results = DirectionResults(probes=dict(self.results.probes), shared=True) if keep else self.results
         for square, acc in zip(self.squares, self.accumulators, strict=True):
             results.squares[square.name] = acc.finalize(self.capture, keep)
         for linear, sums in zip(self.linears, self.linear_sums, strict=True):
@@ -427,14 +437,7 @@ def backprop_directions(
         first = FIRST_CHUNK + work.square_offsets[0]
         bounds = [0, *range(first, total, chunk), total]
     for start, stop in zip(bounds, bounds[1:], strict=False):
-        grads = torch.autograd.grad(
-            hidden,
-            targets,
-            grad_outputs=work.vectors[start:stop],
-            is_grads_batched=True,
-            retain_graph=True,
-            allow_unused=True,
-        )
+        grads = batched_grad(hidden, targets, work.vectors[start:stop])
         work.fold(start, stop - start, grads)
         if progress is not None:
             progress(stop / total)

@@ -143,7 +143,7 @@ class _ModelPass:
                 found[key] = self._total(value, squared)
             if stat in self.top_stats:
                 self.candidates[stat].extend(_top_candidates(name, value, stat in SIGNED_STATS))
-        found["rho_mean"] = float(sums.stat("rho", name, out=self.scratch).mean())
+        found["rho_mean"] = self._rho_mean(name)
         # the order of the contract's totals; a stat zero by construction was never formed: 0
         totals = {key: found.get(key, 0.0) for key in self.total_keys}
         numel = math.prod(sums.shapes[name])
@@ -164,6 +164,12 @@ class _ModelPass:
         """The stat's terms where it is a sum of stored arrays, else the stat formed in the scratch."""
         terms = self.sums.terms(stat, name)
         return terms if terms is not None else self.sums.stat(stat, name, out=self.scratch)
+
+    def _rho_mean(self, name: str) -> float:
+        terms = self.sums.rho_terms(name)
+        if terms.base.device.type == "cpu":  # one compiled pass, no ratio array
+            return cpu_kernels.extra_share_mean(terms)
+        return float(self.sums.stat("rho", name, out=self.scratch).mean())
 
     @staticmethod
     def _total(value: torch.Tensor, squared: bool) -> float:

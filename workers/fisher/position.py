@@ -211,20 +211,25 @@ class _Assembly:
     def __call__(self, results: DirectionResults) -> PositionMoments:
         layout, h, inputs = self.layout, self.h, self.inputs
         head = HeadTerms(layout, h, self.jacobian.head_scale())
+        owned = not results.shared  # a snapshot's tensors are still the running pass's sums
         second: dict[str, Params] = {}
         for name, plan in self.plans.items():
-            params = head.assemble(results.squares.get(name), plan.head_coefficient, squared=True)
+            params = head.assemble(results.squares.get(name), plan.head_coefficient, True, owned)
             for c in plan.probes:  # tied cross term, rows the context reads only
                 row = results.probes.get(f"{name}:{c}")
                 if row is not None:
                     params[layout.head_name][c] += 2 * head.scale[c].to(h.dtype) * h * row.to(h.dtype)
             second[name] = params
-        kbar_mu = head.assemble(results.linears.get("kbar_mu"), inputs.mu)
-        kbar_p = kbar_mu if inputs.on_policy else head.assemble(results.linears.get("kbar_p"), inputs.p)
+        kbar_mu = head.assemble(results.linears.get("kbar_mu"), inputs.mu, in_place=owned)
+        kbar_p = (
+            kbar_mu
+            if inputs.on_policy
+            else head.assemble(results.linears.get("kbar_p"), inputs.p, in_place=owned)
+        )
         policy_grad = None
         if self.reward_mean is not None and inputs.reward is not None:
             centered = inputs.mu * (inputs.reward - self.reward_mean)
-            policy_grad = head.assemble(results.linears.get("policy_grad"), centered)
+            policy_grad = head.assemble(results.linears.get("policy_grad"), centered, in_place=owned)
         plan_mu = self.plans["fisher"]
         return PositionMoments(
             fisher=second["fisher"],
@@ -255,21 +260,32 @@ class HeadTerms:
     h: torch.Tensor  # [d]
     scale: torch.Tensor  # [V] float64 g'(l)
 
-    def assemble(self, input_side: Params | None, coefficient: torch.Tensor, squared: bool = False) -> Params:
+    def assemble(
+        self,
+        input_side: Params | None,
+        coefficient: torch.Tensor,
+        squared: bool = False,
+        in_place: bool = False,
+    ) -> Params:
+        """``in_place``: the head's closed form is added into ``input_side``'s head tensor, which the
+        caller gives up (a fresh head-sized array costs a page fault per 4 kB, more than the addition)."""
         h, dtype = self.h, self.h.dtype
         per_row = (coefficient if squared else coefficient * self.scale).to(dtype)  # [V]
         features = h * h if squared else h
         out: Params = {}
         for name in self.layout.names:
             value = (input_side or {}).get(name)
-            value = (
-                torch.zeros(self.layout.shapes[name], dtype=dtype, device=h.device)
-                if value is None
-                else value.to(dtype)
-            )
             if name == self.layout.head_name:
-                value = value + torch.outer(per_row, features)
-            elif name == self.layout.head_bias_name:
+                if value is None:
+                    value = torch.outer(per_row, features)
+                else:
+                    value = value.to(dtype)
+                    value = value.addr_(per_row, features) if in_place else value.addr(per_row, features)
+            elif value is None:
+                value = torch.zeros(self.layout.shapes[name], dtype=dtype, device=h.device)
+            else:
+                value = value.to(dtype)
+            if name == self.layout.head_bias_name:
                 value = value + per_row
             out[name] = value
         return out

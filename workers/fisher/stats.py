@@ -157,18 +157,13 @@ class MomentSums:
     def _fisher(self, name: str) -> torch.Tensor:
         return self.sums["fisher"][name] if "fisher" in self.sums else self._zeros(name)
 
-    def _rho(self, name: str, out: torch.Tensor) -> torch.Tensor:
-        """common_sq / (fisher_p + common_sq), 0 where that is 0 (then common_sq is 0 too)."""
+    def rho_terms(self, name: str) -> StatTerms:
+        """fisher_p + common_sq: rho is its common term's share (``StatTerms.extra_share``), 0 where 0/0."""
         fisher_p = self._get("fisher_p", name)
-        fisher_p = self._fisher(name) if fisher_p is None else fisher_p
-        denominator = self._plus_square(fisher_p, "common_sq", name).formed(out)
-        common_sq = self._get("common_sq", name)
-        if common_sq is None:  # one position: the square of the common component, never stored
-            common = self.sums["common"][name]
-            ratio = denominator.reciprocal_().mul_(common).mul_(common)
-        else:
-            ratio = torch.div(common_sq, denominator, out=denominator)
-        return ratio.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        return self._plus_square(self._fisher(name) if fisher_p is None else fisher_p, "common_sq", name)
+
+    def _rho(self, name: str, out: torch.Tensor) -> torch.Tensor:
+        return self.rho_terms(name).extra_share(out)
 
     def _buffer(self, name: str, out: torch.Tensor | None) -> torch.Tensor:
         shape = self.shapes[name]

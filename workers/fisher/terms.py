@@ -27,3 +27,15 @@ class StatTerms:
             # the square rounded, then the sum: what the compiled loops compute (addcmul may fuse them)
             return torch.mul(self.extra, self.extra, out=out).add_(self.base)  # type: ignore[arg-type]
         return torch.add(self.base, self.extra, out=out)  # type: ignore[arg-type]
+
+    def extra_share(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """extra_term / (base + extra_term), extra_term = extra (or extra^2), 0 where it is 0/0: the share
+        of the stat that its extra term carries (rho is the common component's share of the raw Fisher)."""
+        if self.extra is None:
+            raise ValueError("a stat without an extra term has no share of it")
+        # extra / whole first (times extra again when squared): no overflow where whole is denormal
+        whole = self.formed(out)
+        ratio = torch.div(self.extra, whole, out=whole)
+        if self.squared:
+            ratio.mul_(self.extra)
+        return ratio.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)

@@ -1,0 +1,27 @@
+"""The engine's process keeps freed memory (glibc's thresholds), once, and says where it cannot."""
+
+from __future__ import annotations
+
+import ctypes.util
+import platform
+
+import pytest
+
+from workers import process_memory
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or not platform.libc_ver()[0], reason="glibc only")
+def test_glibc_takes_the_thresholds_once(monkeypatch):
+    monkeypatch.setattr(process_memory, "_applied", None)
+    calls = []
+    real = process_memory._apply
+    monkeypatch.setattr(process_memory, "_apply", lambda: calls.append(1) or real())
+    assert process_memory.retain_freed_memory() is True
+    assert process_memory.retain_freed_memory() is True
+    assert calls == [1]
+
+
+def test_a_c_library_without_mallopt_is_left_alone(monkeypatch):
+    monkeypatch.setattr(process_memory, "_applied", None)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert process_memory.retain_freed_memory() is False
