@@ -23,12 +23,15 @@ class SizedModel(Protocol):
 # What an analysis costs beyond 2 r P flop per context token and direction, fitted to the seconds
 # `benchmarks/bench_engine.py` measures on SmolLM2-135M (prefixes of 5 to 256 tokens, continuations up to
 # 64, exact and Monte Carlo; it prints the estimate against the measured time) and counted in flops per
-# parameter at the matmul rate, so that a faster machine scales them too.
-DIRECTION_EFFICIENCY = 1.26  # the batched backward and the block squares against 2 r P t at the peak rate
-POSITION_FLOPS_PER_PARAM = 160  # per analysed position: forward, C_mu, the moments folded into the sums
-CONTEXT_TOKEN_FLOPS_PER_PARAM = 110  # per context token of each position: activations kept for the pass
-GHOST_PAIR_FLOPS_PER_PARAM = 4.7  # times n (n + 1) per position in the ghost form: its squares, M
-SUMMARY_FLOPS_PER_PARAM = 1400  # once, measured: totals, concentration curves, top coordinates
+# parameter at the matmul rate. Why they depend on the machine: only the matmuls follow that rate; the
+# backward's elementwise ops and the summary's passes follow memory. Fitted on the 2-core AVX-512 machine
+# (379 GFLOP/s sustained). The previous engine, fitted on a 2-core AVX2 machine (142-161 GFLOP/s),
+# needed 1.26, 160, 110, 4.7 and 1400: the faster the matmuls, the larger these are.
+DIRECTION_EFFICIENCY = 1.9  # the batched backward and the block squares against 2 r P t at the matmul rate
+POSITION_FLOPS_PER_PARAM = 100  # per analysed position: forward, C_mu, the moments folded into the sums
+CONTEXT_TOKEN_FLOPS_PER_PARAM = 180  # per context token of each position: activations kept for the pass
+GHOST_PAIR_FLOPS_PER_PARAM = 8.6  # times n (n + 1) per position in the ghost form: its squares, M
+SUMMARY_FLOPS_PER_PARAM = 4300  # once, measured: totals, concentration curves, top coordinates
 
 
 def context_lengths(job: AnalysisJob) -> list[int]:

@@ -12,6 +12,7 @@ from transformers.generation.logits_process import (
 
 from backend.vocabulary import parse_method
 from tests.tiny_models import BUDGET, tiny_llama
+from workers.fisher import covariance
 from workers.fisher.covariance import output_covariance
 from workers.fisher.logit_map import LogitJacobian
 from workers.fisher.methods import Method
@@ -163,3 +164,17 @@ def test_top_q_levels_hold_exactly_ceil_q_p_coordinates_ties_by_index():
         assert compared["overlap"][l] == len(sa & sb) / len(sa)
         assert compared["jaccard"][l] == len(sa & sb) / len(sa | sb)
     assert compared["chance_jaccard"] == [q / (2 - q) for q in (0.125, 0.5, 0.75)]
+
+
+def test_c_mu_in_blocks_of_rows_is_the_covariance_of_the_rows(model, monkeypatch):
+    """C_mu summed over blocks of head rows (as on a real head): sum_a mu_a (j_a - jbar)(j_a - jbar)^T."""
+    monkeypatch.setattr(covariance, "ROWS_PER_BLOCK", 5)  # the tiny head's 37 rows in 8 blocks
+    logits = model(input_ids=IDS[None]).logits[0, -1].detach()
+    mu = warped_distribution(logits, 0.8, 30, 1.0)
+    rows = model.get_output_embeddings().weight.detach().double()
+    mean = mu @ rows
+    want = (rows - mean).T @ ((rows - mean) * mu[:, None])
+    cov = output_covariance(LogitJacobian(rows, None), mu)
+    torch.testing.assert_close(cov.mean_row, mean, rtol=1e-12, atol=1e-14)
+    got = (cov.eigenvectors * cov.eigenvalues) @ cov.eigenvectors.T
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
