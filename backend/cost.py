@@ -24,9 +24,8 @@ class SizedModel(Protocol):
 # `benchmarks/bench_engine.py` measures on SmolLM2-135M (prefixes of 5 to 256 tokens, continuations up to
 # 64, exact and Monte Carlo; it prints the estimate against the measured time) and counted in flops per
 # parameter at the matmul rate. Why they depend on the machine: only the matmuls follow that rate; the
-# backward's elementwise ops and the summary's passes follow memory. Fitted on the 2-core AVX-512 machine
-# (379 GFLOP/s sustained). The previous engine, fitted on a 2-core AVX2 machine (142-161 GFLOP/s),
-# needed 1.26, 160, 110, 4.7 and 1400: the faster the matmuls, the larger these are.
+# backward's elementwise ops and the summary's passes follow memory, so the faster a machine's matmuls
+# against its memory, the larger these are (README, Speed). Fitted on the 2-core AVX-512 machine.
 DIRECTION_EFFICIENCY = 1.9  # the batched backward and the block squares against 2 r P t at the matmul rate
 POSITION_FLOPS_PER_PARAM = 100  # per analysed position: forward, C_mu, the moments folded into the sums
 CONTEXT_TOKEN_FLOPS_PER_PARAM = 180  # per context token of each position: activations kept for the pass

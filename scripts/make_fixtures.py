@@ -65,8 +65,18 @@ def fixture_summary(name: str, pool=None) -> tuple[dict, dict]:
     summary["timing"] = {"seconds": 0.0}
     summary["cost"]["seconds"] = 0.0  # depends on the configured throughput, not on the engine
     served = json.loads(dumps(summary))  # non-finite numbers become null, as in the API's answer
-    entry = {"request": body, "digest": info.digest, "engine_version": ENGINE_VERSION}
+    entry = {"request": body, "digest": info.digest, "engine_version": ENGINE_VERSION, "machine": machine()}
     return served, entry
+
+
+def machine() -> str:
+    """What float32 results depend on beyond the engine: the CPU and torch's kernels for it (the SmolLM2
+    fixtures differ by ~2e-5 between an AVX2 and an AVX-512 machine)."""
+    import torch
+
+    from workers.throughput import device_key
+
+    return f"{device_key('cpu')}, torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()}"
 
 
 def write(name: str, summary: dict) -> str:

@@ -17,22 +17,17 @@ import torch
 from tests.tiny_models import FAMILIES, tiny_model
 from workers.fisher.batched_backward import batched_grad
 from workers.fisher.capture import capture_forward
+from workers.fisher.directions import direction_targets
 
 IDS = torch.tensor([4, 9, 2, 4, 7, 12, 5])
 FALLBACK = "performance drop because we have not yet implemented the batching rule"
-
-
-def _targets(capture) -> list[torch.Tensor]:
-    outputs = [use.output for block in capture.matrices for use in block.uses]
-    outputs += [use.output for block in capture.embeddings for use in block.uses]
-    return outputs + list(capture.generic.values())
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_direction_gets_its_own_gradient_with_no_per_direction_fallback(family):
     model = tiny_model(family)
     capture = capture_forward(model, IDS)
-    hidden, targets = capture.hidden[-1], _targets(capture)
+    hidden, targets = capture.hidden[-1], direction_targets(capture)
     vectors = torch.randn(5, hidden.shape[0], generator=torch.Generator().manual_seed(0), dtype=hidden.dtype)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -59,3 +54,66 @@ def test_the_attention_rule_is_bit_for_bit_the_kernel_called_per_direction():
         alone = torch.autograd.grad(out, [q, k, v], grad_outputs=grads[b], retain_graph=True)
         for got, want in zip(batched, alone, strict=True):
             assert torch.equal(got[b], want)
+
+
+def _attention(generator, sequences=1, heads=4, kv_heads=4, length=6, source=6):
+    shape = (sequences, heads, length, 8)
+    q = torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(
+            sequences, kv_heads, source, 8, generator=generator, dtype=torch.float64, requires_grad=True
+        )
+        for _ in range(2)
+    )
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["2-D mask", "4-D mask per sequence", "boolean mask per head", "grouped kv heads", "scale", "L != S"],
+)
+def test_the_attention_rule_handles_masks_heads_and_scales(case):
+    """Each direction's gradient equals its own backward, whatever broadcasting the mask does."""
+    generator = torch.Generator().manual_seed(2)
+    sequences = 2 if case == "4-D mask per sequence" else 1
+    kv_heads = 2 if case == "grouped kv heads" else 4
+    source = 9 if case == "L != S" else 6
+    q, k, v = _attention(generator, sequences, kv_heads=kv_heads, source=source)
+    mask = None
+    if case == "2-D mask":
+        mask = torch.randn(6, source, generator=generator, dtype=torch.float64)
+    elif case == "4-D mask per sequence":
+        mask = torch.randn(sequences, 1, 6, source, generator=generator, dtype=torch.float64)
+    elif case == "boolean mask per head":
+        mask = torch.rand(1, 4, 6, source, generator=generator) > 0.3
+        mask[..., 0] = True  # every query sees something
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=mask is None and source == 6,
+        scale=0.3 if case == "scale" else None,
+        enable_gqa=kv_heads != 4,
+    )
+    grads = torch.randn(5, *out.shape, generator=generator, dtype=torch.float64)
+    batched = batched_grad(out, [q, k, v], grads)
+    for b in range(grads.shape[0]):
+        alone = torch.autograd.grad(out, [q, k, v], grad_outputs=grads[b], retain_graph=True)
+        for got, want in zip(batched, alone, strict=True):
+            torch.testing.assert_close(got[b], want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # the forward's own fallback, not ours
+def test_the_attention_rule_folds_a_mask_that_vmap_batches():
+    """Another torch.func user in the process: the gradient per mask of a batch of masks."""
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (t.detach() for t in _attention(generator))
+    masks = torch.randn(3, 6, 6, generator=generator, dtype=torch.float64)
+
+    def loss(query, mask):
+        return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask).square().sum()
+
+    batched = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(q, masks)
+    for m, mask in enumerate(masks):
+        torch.testing.assert_close(batched[m], torch.func.grad(loss)(q, mask), rtol=1e-12, atol=1e-14)

@@ -147,3 +147,10 @@ def test_the_extra_terms_mean_share_is_the_mean_of_the_formed_ratio(squared):
     terms = StatTerms(base, extra, squared)
     want = float(terms.extra_share().double().mean())
     assert cpu_kernels.extra_share_mean(terms) == pytest.approx(want, rel=1e-6)
+
+
+def test_the_share_of_an_extra_term_survives_a_denormal_sum():
+    """0 + (1e-20)^2 = 1e-40 (denormal): its square's share is 1, not the 0 that 1/1e-40 = inf gave."""
+    terms = StatTerms(torch.zeros(3), torch.tensor([1e-20, 0.0, 2.0]), squared=True)
+    assert terms.extra_share().tolist() == pytest.approx([1.0, 0.0, 1.0], rel=1e-4)  # denormal precision
+    assert cpu_kernels.extra_share_mean(terms) == pytest.approx(2 / 3, rel=1e-4)

@@ -213,3 +213,40 @@ def test_a_response_has_no_partial_results_and_a_one_hot_mu_stores_no_fisher(tin
     assert analysis.summary["totals"]["fisher"] == 0.0
     named = analysis.summary["concentration"]["fisher"]["at"]
     assert named == {"0.001": 0.0, "0.01": 0.0, "0.05": 0.0, "0.1": 0.0}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_is_summarized_by_the_compiled_loops(dtype):
+    """numpy has no bfloat16: the loops read half-precision sums widened to float32 (exactly)."""
+    from tests.tiny_models import BUDGET, tiny_llama
+    from workers.engine import CURVE_STATS
+    from workers.fisher.methods import Method
+    from workers.fisher.model_summary import model_summary
+    from workers.fisher.position import HeadLayout
+    from workers.fisher.response import analyze_sequence
+    from workers.fisher.sampler import SamplerConfig
+    from workers.fisher.terms import StatTerms
+
+    model = tiny_llama(dtype=dtype)
+    empty = torch.tensor([], dtype=torch.long)
+    sequence = analyze_sequence(
+        model,
+        torch.tensor([3, 5, 7, 2]),
+        empty,
+        SamplerConfig(temperature=0.8),
+        Method(),
+        None,
+        memory_budget_bytes=BUDGET,
+    )
+    layout = HeadLayout.of(model)
+    summary = model_summary(sequence.sums, layout.head_name, layout.embedding_name, CURVE_STATS)
+    sums = sequence.sums
+    fisher = sum(float(sums.stat("fisher", name).double().sum()) for name in sums.names)
+    assert summary["totals"]["fisher"] == pytest.approx(fisher, rel=1e-9)
+    # rho's mean from the same sums widened (float16 would flush the squares of small first moments)
+    widened = [sums.rho_terms(name) for name in sums.names]
+    rho = [
+        float(StatTerms(t.base.float(), t.extra.float(), t.squared).extra_share().double().mean())
+        for t in widened
+    ]
+    assert [t["totals"]["rho_mean"] for t in summary["tensors"]] == pytest.approx(rho, rel=1e-6, abs=1e-9)

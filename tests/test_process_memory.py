@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import platform
 
@@ -24,4 +25,10 @@ def test_glibc_takes_the_thresholds_once(monkeypatch):
 def test_a_c_library_without_mallopt_is_left_alone(monkeypatch):
     monkeypatch.setattr(process_memory, "_applied", None)
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert process_memory.retain_freed_memory() is False
+
+
+def test_a_c_library_whose_mallopt_is_missing_is_left_alone(monkeypatch):
+    monkeypatch.setattr(process_memory, "_applied", None)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())  # a libc without mallopt (musl, macOS)
     assert process_memory.retain_freed_memory() is False

@@ -9,7 +9,7 @@ is registered here: it calls the same kernel once, with the directions folded in
 batch dimension, so each direction's gradient is bit for bit what a call per direction gives (tested).
 
 The fused attention kernels of CUDA (flash, memory-efficient, cuDNN) have no rule either; functorch
-falls back to one call per direction there: slower, still exact.
+falls back to one call per direction there (as the legacy path did): slower, still exact.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch._functorch.autograd_function import custom_function_call_vmap_helper
+from torch._C._functorch import _add_batch_dim, _unwrap_batched
 from torch._functorch.pyfunctorch import VmapInterpreter, retrieve_current_functorch_interpreter
 
 _FLASH_CPU_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
 _TENSOR_ARGS = 6  # grad_out, query, key, value, out, logsumexp: each [N, ...]
+_ATTENTION_DIMS = 4  # [N, heads, L, S] for a mask; one of fewer dims broadcasts over N
 
 
 def batched_grad(
@@ -36,35 +37,53 @@ def batched_grad(
     return torch.func.vmap(one)(grad_outputs)
 
 
-def _folded(tensor: torch.Tensor, batch_dim: int | None, size: int) -> torch.Tensor:
-    """[size, N, ...] (the directions first; broadcast when not batched) as [size * N, ...]."""
-    tensor = tensor.movedim(batch_dim, 0) if batch_dim is not None else tensor.expand(size, *tensor.shape)
-    return tensor.reshape(size * tensor.shape[1], *tensor.shape[2:])
+def _folded(tensor: torch.Tensor, batch_dim: int | None, size: int, sequences: int) -> torch.Tensor:
+    """``tensor`` [N, ...] (or [size, N, ...] physically, the directions at ``batch_dim``) as
+    [size * N, ...]: the directions folded into the kernel's batch of sequences."""
+    tensor = tensor.expand(size, *tensor.shape) if batch_dim is None else tensor.movedim(batch_dim, 0)
+    tensor = tensor.expand(size, sequences, *tensor.shape[2:])
+    return tensor.reshape(size * sequences, *tensor.shape[2:])
 
 
-def _flash_cpu_backward_rule(info, in_dims, *args, attn_mask=None, scale=None):
-    size = info.batch_size
-    tensors = [_folded(t, d, size) for t, d in zip(args[:_TENSOR_ARGS], in_dims[:_TENSOR_ARGS], strict=True)]
-    if attn_mask is not None and attn_mask.shape[0] != 1:  # a mask per sequence: one per folded sequence
-        attn_mask = attn_mask.repeat(size, *([1] * (attn_mask.dim() - 1)))
+def _folded_mask(mask: torch.Tensor, batch_dim: int | None, size: int, sequences: int) -> torch.Tensor:
+    """The mask for the folded batch: as it is when it broadcasts over sequences and directions alike,
+    else per folded sequence."""
+    if batch_dim is None and (mask.dim() < _ATTENTION_DIMS or mask.shape[0] == 1):
+        return mask
+    mask = mask.movedim(batch_dim, 0) if batch_dim is not None else mask[None]
+    while mask.dim() < _ATTENTION_DIMS + 1:  # the leading dims it broadcasts over, made explicit
+        mask = mask.unsqueeze(1)
+    return _folded(mask, 0, size, sequences)
+
+
+def _batched_flash_cpu_backward(keyset, *args, attn_mask=None, scale=None):
+    """vmap's rule: unwrap the directions' level, one kernel call on the folded batch, wrap the grads."""
     op = getattr(torch.ops.aten, _FLASH_CPU_BACKWARD).default
-    grads = op(*tensors, *args[_TENSOR_ARGS:], attn_mask=attn_mask, scale=scale)
-    return tuple(g.reshape(size, g.shape[0] // size, *g.shape[1:]) for g in grads), (0,) * len(grads)
+    interpreter = retrieve_current_functorch_interpreter()
+    assert isinstance(interpreter, VmapInterpreter)  # registered under FuncTorchBatched: vmap's only
+    level, size = interpreter.level(), interpreter.batch_size()
+    unwrapped = [_unwrap_batched(a, level) if isinstance(a, torch.Tensor) else (a, None) for a in args]
+    mask, mask_dim = _unwrap_batched(attn_mask, level) if attn_mask is not None else (None, None)
+    tensors, dims = zip(*unwrapped[:_TENSOR_ARGS], strict=True)
+    others = [a for a, _ in unwrapped[_TENSOR_ARGS:]]
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchBatched)):
+        if all(d is None for d in dims) and mask_dim is None:  # nothing batched at this level
+            return op(*tensors, *others, attn_mask=mask, scale=scale)
+        grad_out, grad_dim = unwrapped[0]
+        sequences = grad_out.shape[1] if grad_dim == 0 else grad_out.shape[0]  # N of [N, heads, L, E]
+        folded = [_folded(t, d, size, sequences) for t, d in zip(tensors, dims, strict=True)]
+        if mask is not None:
+            mask = _folded_mask(mask, mask_dim, size, sequences)
+        grads = op(*folded, *others, attn_mask=mask, scale=scale)
+    return tuple(_add_batch_dim(g.reshape(size, sequences, *g.shape[1:]), 0, level) for g in grads)
 
 
 def _register() -> torch.library.Library | None:
     """The rule, unless this torch has its own."""
     if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_FLASH_CPU_BACKWARD}", "FuncTorchBatched"):
         return None
-    op = getattr(torch.ops.aten, _FLASH_CPU_BACKWARD).default
-
-    def batched(keyset, *args, **kwargs):
-        interpreter = retrieve_current_functorch_interpreter()
-        assert isinstance(interpreter, VmapInterpreter)  # registered under FuncTorchBatched: vmap's only
-        return custom_function_call_vmap_helper(interpreter, _flash_cpu_backward_rule, op, *args, **kwargs)
-
     library = torch.library.Library("aten", "IMPL")
-    library.impl(_FLASH_CPU_BACKWARD, batched, "FuncTorchBatched", with_keyset=True)
+    library.impl(_FLASH_CPU_BACKWARD, _batched_flash_cpu_backward, "FuncTorchBatched", with_keyset=True)
     return library
 
 

@@ -17,6 +17,7 @@ from 1.54 to 0.75 ns per value on two cores.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -28,7 +29,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from workers.fisher.terms import StatTerms
+from workers.fisher.terms import NO_EXTRA_TERM, StatTerms
 
 # a stat is base, base + extra or base + extra * extra (``StatTerms``), summed here as torch would
 _BASE, _PLUS, _PLUS_SQUARE = 0, 1, 2
@@ -36,19 +37,28 @@ PART_MIN_VALUES = 1 << 18  # below this a part costs more to hand to a thread th
 _Part = TypeVar("_Part")
 _pool: ThreadPoolExecutor | None = None
 _pool_threads = 0
+_pool_lock = threading.Lock()
 
 
 def _in_parts(size: int, work: Callable[[int, int], _Part]) -> list[_Part]:
     """``work(lo, hi)`` over [0, size) cut into parts, one per torch thread, this thread doing the first."""
-    global _pool, _pool_threads
     count = max(1, min(torch.get_num_threads(), size // PART_MIN_VALUES))
     if count == 1:
         return [work(0, size)]
-    if _pool is None or _pool_threads < count - 1:  # torch's thread count can be raised at run time
-        _pool, _pool_threads = ThreadPoolExecutor(count - 1, thread_name_prefix="fisher-kernels"), count - 1
     bounds = [size * k // count for k in range(count + 1)]
-    others = [_pool.submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:], strict=True)]
+    pool = _thread_pool(count - 1)
+    others = [pool.submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:], strict=True)]
     return [work(bounds[0], bounds[1]), *(future.result() for future in others)]
+
+
+def _thread_pool(threads: int) -> ThreadPoolExecutor:
+    """The pool, grown when torch's thread count is raised. A replaced pool is not shut down: a caller
+    may still be submitting to it; its threads exit once it is collected."""
+    global _pool, _pool_threads
+    with _pool_lock:
+        if _pool is None or _pool_threads < threads:
+            _pool, _pool_threads = ThreadPoolExecutor(threads, thread_name_prefix="fisher-kernels"), threads
+        return _pool
 
 
 @intrinsic
@@ -86,13 +96,16 @@ def _prefetch(typingctx, array, index):
     return types.void(array, index), codegen
 
 
-_AHEAD = 256  # values ahead of the loop that are asked for (one request per 64-byte line of float32)
+_AHEAD = 256  # values ahead of the loop that are asked for
+# one request per 64-byte line of float32 (every other line of float64, whose neighbour the hardware
+# fetches with it)
+_LINE_VALUES = 16
 
 
 @numba.njit(nogil=True, cache=True)
 def _histogram_into(base, extra, mode, shift, counts, sums):  # pragma: no cover - compiled
     for i in range(base.size):
-        if i % 16 == 0:
+        if i % _LINE_VALUES == 0:
             _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
             if mode != _BASE:
                 _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
@@ -115,7 +128,7 @@ def _select(base, extra, mode, shift, wanted, at_most):  # pragma: no cover - co
     out_bins = np.empty(at_most, np.int32)
     j = 0
     for i in range(base.size):
-        if i % 16 == 0:
+        if i % _LINE_VALUES == 0:
             _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
             if mode != _BASE:
                 _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
@@ -137,7 +150,7 @@ def _select(base, extra, mode, shift, wanted, at_most):  # pragma: no cover - co
 def _square_sum(values):  # pragma: no cover - compiled
     total = 0.0
     for i in range(values.size):
-        if i % 16 == 0:
+        if i % _LINE_VALUES == 0:
             _prefetch(values, i + _AHEAD)  # type: ignore[call-arg]
         total += np.float64(values[i]) * np.float64(values[i])
     return total
@@ -147,7 +160,7 @@ def _square_sum(values):  # pragma: no cover - compiled
 def _extra_share_sum(base, extra, squared):  # pragma: no cover - compiled
     total = 0.0
     for i in range(base.size):
-        if i % 16 == 0:
+        if i % _LINE_VALUES == 0:
             _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
             _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
         e = extra[i]
@@ -158,7 +171,7 @@ def _extra_share_sum(base, extra, squared):  # pragma: no cover - compiled
     return total
 
 
-@numba.njit(nogil=True, cache=True, fastmath=True)
+@numba.njit(nogil=True, cache=True)
 def _pair_moments_into(delta, weights, out):  # pragma: no cover - compiled
     count, rows, width = delta.shape
     weighted = np.empty(width, delta.dtype)
@@ -178,23 +191,34 @@ def pair_moments(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """[pairs, o]: sum_b w_b delta[b, r, o] delta[b, s, o] for the pairs r <= s in row-major order, in
     delta's dtype (as torch's matrix-vector product sums them)."""
     count, rows, width = delta.shape
-    out = torch.zeros(rows * (rows + 1) // 2, width, dtype=delta.dtype)
-    weights = weights.detach().to(delta.dtype).contiguous()
-    _pair_moments_into(delta.detach().contiguous().numpy(), weights.numpy(), out.numpy())
-    return out
+    values = _compiled(delta.detach()).contiguous()
+    out = torch.zeros(rows * (rows + 1) // 2, width, dtype=values.dtype)
+    weights = weights.detach().to(values.dtype).contiguous()
+    _pair_moments_into(values.numpy(), weights.numpy(), out.numpy())
+    return out.to(delta.dtype)
+
+
+def _compiled(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor in a dtype the loops are compiled for: bfloat16 and float16 widen to float32 exactly
+    (numpy has no bfloat16), so their bins, which are float32 bit patterns, are the same."""
+    return tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
+
+
+def _flat(tensor: torch.Tensor) -> np.ndarray:
+    return _compiled(tensor.detach()).reshape(-1).contiguous().numpy()
 
 
 def square_sum(value: torch.Tensor) -> float:
     """sum of squares of a CPU tensor, each square and the sum in float64."""
-    flat = value.detach().reshape(-1).contiguous().numpy()
+    flat = _flat(value)
     return float(sum(_in_parts(flat.size, lambda lo, hi: _square_sum(flat[lo:hi]))))
 
 
 def extra_share_mean(terms: StatTerms) -> float:
     """The mean of ``terms.extra_share()`` over a CPU tensor, summed in float64, nothing formed."""
-    base, extra, _ = _arrays(terms)
     if terms.extra is None:
-        raise ValueError("a stat without an extra term has no share of it")
+        raise ValueError(NO_EXTRA_TERM)
+    base, extra, _ = _arrays(terms)
     squared = terms.squared
     total = sum(_in_parts(base.size, lambda lo, hi: _extra_share_sum(base[lo:hi], extra[lo:hi], squared)))
     return total / base.size if base.size else 0.0
@@ -202,10 +226,10 @@ def extra_share_mean(terms: StatTerms) -> float:
 
 def _arrays(terms: StatTerms) -> tuple[np.ndarray, np.ndarray, int]:
     """base, extra (base again when there is none: never read) and the mode, flat."""
-    base = terms.base.detach().reshape(-1).contiguous().numpy()
+    base = _flat(terms.base)
     if terms.extra is None:
         return base, base, _BASE
-    extra = terms.extra.detach().reshape(-1).contiguous().numpy()
+    extra = _flat(terms.extra)
     return base, extra, _PLUS_SQUARE if terms.squared else _PLUS
 
 

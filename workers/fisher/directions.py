@@ -270,10 +270,16 @@ def _rows(uses: list, grads: tuple, count: int) -> torch.Tensor:
     return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
 
 
+def direction_targets(capture: CapturedForward) -> list[torch.Tensor]:
+    """Where the directions travel to: every recorded matrix and embedding use's output, in the order
+    ``fold`` reads them, then the parameters without a form themselves."""
+    outputs = [use.output for block in capture.matrices for use in block.uses]
+    outputs += [use.output for block in capture.embeddings for use in block.uses]
+    return outputs + list(capture.generic.values())
+
+
 def _chunk_size(capture: CapturedForward, memory_budget_bytes: int) -> int:
-    targets = sum(use.output.numel() for block in capture.matrices for use in block.uses)
-    targets += sum(use.output.numel() for block in capture.embeddings for use in block.uses)
-    targets += sum(param.numel() for param in capture.generic.values())
+    targets = sum(target.numel() for target in direction_targets(capture))
     per_direction = targets * capture.hidden.element_size() * 2  # the grads, and as much in temporaries
     return max(1, min(256, memory_budget_bytes // max(per_direction, 1)))
 
@@ -316,12 +322,6 @@ class _DirectionPass:
             for block in capture.embeddings
         }
         self.indices = {block.name: block.indices for block in capture.embeddings}
-
-    def targets(self) -> list[torch.Tensor]:
-        capture = self.capture
-        outputs = [use.output for block in capture.matrices for use in block.uses]
-        outputs += [use.output for block in capture.embeddings for use in block.uses]
-        return outputs + list(capture.generic.values())
 
     def fold(self, start: int, count: int, grads: tuple) -> None:
         """Fold the gradients of directions start..start+count ([count, *target shape] per target)."""
@@ -427,7 +427,7 @@ def backprop_directions(
     if work.vectors is None:
         return DirectionResults()
     hidden = capture.hidden[position]
-    targets = work.targets()
+    targets = direction_targets(capture)
     chunk = _chunk_size(capture, memory_budget_bytes)
     total = len(work.rows)
     if progress is not None:

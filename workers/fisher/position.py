@@ -214,7 +214,9 @@ class _Assembly:
         owned = not results.shared  # a snapshot's tensors are still the running pass's sums
         second: dict[str, Params] = {}
         for name, plan in self.plans.items():
-            params = head.assemble(results.squares.get(name), plan.head_coefficient, True, owned)
+            params = head.assemble(
+                results.squares.get(name), plan.head_coefficient, squared=True, in_place=owned
+            )
             for c in plan.probes:  # tied cross term, rows the context reads only
                 row = results.probes.get(f"{name}:{c}")
                 if row is not None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+NO_EXTRA_TERM = "a stat without an extra term has no share of it"
+
 
 @dataclass(frozen=True)
 class StatTerms:
@@ -32,7 +34,7 @@ class StatTerms:
         """extra_term / (base + extra_term), extra_term = extra (or extra^2), 0 where it is 0/0: the share
         of the stat that its extra term carries (rho is the common component's share of the raw Fisher)."""
         if self.extra is None:
-            raise ValueError("a stat without an extra term has no share of it")
+            raise ValueError(NO_EXTRA_TERM)
         # extra / whole first (times extra again when squared): no overflow where whole is denormal
         whole = self.formed(out)
         ratio = torch.div(self.extra, whole, out=whole)
