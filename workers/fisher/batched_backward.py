@@ -17,8 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch._C._functorch import _add_batch_dim, _unwrap_batched
-from torch._functorch.pyfunctorch import VmapInterpreter, retrieve_current_functorch_interpreter
+
+try:  # functorch's internals (a rule has no public way to unwrap a level); without them: no rule
+    from torch._C._functorch import _add_batch_dim, _unwrap_batched
+    from torch._functorch.pyfunctorch import VmapInterpreter, retrieve_current_functorch_interpreter
+
+    _INTERNALS = True
+except ImportError:  # pragma: no cover - torch 2.13/2.14 have them
+    _INTERNALS = False
 
 _FLASH_CPU_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
 _TENSOR_ARGS = 6  # grad_out, query, key, value, out, logsumexp: each [N, ...]
@@ -79,8 +85,11 @@ def _batched_flash_cpu_backward(keyset, *args, attn_mask=None, scale=None):
 
 
 def _register() -> torch.library.Library | None:
-    """The rule, unless this torch has its own."""
-    if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_FLASH_CPU_BACKWARD}", "FuncTorchBatched"):
+    """The rule, unless this torch has its own (or lacks what the rule is written with: then functorch
+    calls the kernel once per direction, slower and as exact)."""
+    if not _INTERNALS or torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"aten::{_FLASH_CPU_BACKWARD}", "FuncTorchBatched"
+    ):
         return None
     library = torch.library.Library("aten", "IMPL")
     library.impl(_FLASH_CPU_BACKWARD, _batched_flash_cpu_backward, "FuncTorchBatched", with_keyset=True)
