@@ -7,6 +7,7 @@ several times. GPU tensors take the torch path of the callers, which these loops
   float32 (1% off over 1e8 values); these read each value once, allocate nothing of the input's size and
   sum in float64.
 - ``square_sum`` (the totals of signed stats): float64 without a squared array.
+- ``extra_share_mean`` (rho's mean per tensor): one pass where torch's ratio took five.
 - ``pair_moments`` (the ghost form's M with few rows, ``directions``): each direction's rows are read
   once, from cache, for all of their pairs; torch's way writes and reads back b x pairs x o products.
 
