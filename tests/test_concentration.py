@@ -154,3 +154,23 @@ def test_the_share_of_an_extra_term_survives_a_denormal_sum():
     terms = StatTerms(torch.zeros(3), torch.tensor([1e-20, 0.0, 2.0]), squared=True)
     assert terms.extra_share().tolist() == pytest.approx([1.0, 0.0, 1.0], rel=1e-4)  # denormal precision
     assert cpu_kernels.extra_share_mean(terms) == pytest.approx(2 / 3, rel=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(37, 23), (50,), (6, 4, 5)])
+def test_pooled_views_are_float64_block_sums(shape):
+    """Each cell of a pooled view is the float64 sum of its block (1-D: one row; 3-D: rows by dim 0)."""
+    from workers.fisher.pooling import pooled_view
+
+    values = _values(math.prod(shape), seed=9).reshape(shape)
+    view = pooled_view(values, max_rows=8, max_cols=5)
+    matrix = values.double().reshape(1, -1) if values.dim() == 1 else values.double().reshape(shape[0], -1)
+    rows, cols = view["row_edges"], view["col_edges"]
+    want = torch.tensor(
+        dtype=torch.float64,
+        data=[
+            [float(matrix[r0:r1, c0:c1].sum()) for c0, c1 in zip(cols, cols[1:], strict=False)]
+            for r0, r1 in zip(rows, rows[1:], strict=False)
+        ],
+    )
+    assert view["shape"] == list(want.shape)
+    torch.testing.assert_close(torch.from_numpy(view["values"]).double(), want, rtol=1e-6, atol=0.0)
