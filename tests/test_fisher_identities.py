@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
 
 from backend.vocabulary import parse_method
 from tests.tiny_models import BUDGET, tiny_llama
-from workers.fisher import covariance
+from workers.fisher import covariance, cpu_kernels
 from workers.fisher.covariance import output_covariance
 from workers.fisher.logit_map import LogitJacobian
 from workers.fisher.methods import Method
@@ -178,3 +178,31 @@ def test_c_mu_in_blocks_of_rows_is_the_covariance_of_the_rows(model, monkeypatch
     torch.testing.assert_close(cov.mean_row, mean, rtol=1e-12, atol=1e-14)
     got = (cov.eigenvectors * cov.eigenvalues) @ cov.eigenvectors.T
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_compiled_level_map_is_the_one_torch_comparisons_give(seed, monkeypatch):
+    """Two compiled passes against a few torch passes per level: ties (a coarse grid of values), zeros,
+    rounding-level negatives and a set larger than the non-zero values (threshold 0)."""
+    from workers.fisher.masks import levels_by_comparison, top_q_levels
+
+    generator = torch.Generator().manual_seed(seed)
+    chunks = [
+        (torch.randint(0, 6, shape, generator=generator).float() * 0.25)
+        for shape in [(300,), (40, 17), (3, 5, 11)]
+    ]
+    chunks[0][:7] = -1e-9  # rounding below zero counts as zero
+    total = sum(c.numel() for c in chunks)
+    fractions = (0.001, 0.01, 0.1, 0.5, 0.9)
+    levels, named = top_q_levels(lambda: iter(chunks), total, fractions)
+    assert torch.equal(levels, levels_by_comparison(lambda: iter(chunks), total, named))
+    for level, threshold in enumerate(named, start=1):
+        assert int(((levels > 0) & (levels <= level)).sum()) == threshold.k
+    # each tensor cut into parts across threads, as large ones are: the same map
+    monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert torch.equal(top_q_levels(lambda: iter(chunks), total, fractions)[0], levels)
+    finally:
+        torch.set_num_threads(threads)
