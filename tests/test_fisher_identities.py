@@ -181,10 +181,11 @@ def test_c_mu_in_blocks_of_rows_is_the_covariance_of_the_rows(model, monkeypatch
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_compiled_level_map_is_the_one_torch_comparisons_give(seed, monkeypatch):
-    """Two compiled passes against a few torch passes per level: ties (a coarse grid of values), zeros,
-    rounding-level negatives and a set larger than the non-zero values (threshold 0)."""
-    from workers.fisher.masks import levels_by_comparison, top_q_levels
+def test_the_compiled_level_map_is_the_definition(seed, monkeypatch):
+    """Against the definition (the top ceil(q P) by value, ties by smallest index, from one stable sort):
+    ties (a coarse grid of values), zeros, rounding-level negatives and a set larger than the non-zero
+    values (threshold 0)."""
+    from workers.fisher.masks import top_q_levels
 
     generator = torch.Generator().manual_seed(seed)
     chunks = [
@@ -195,7 +196,13 @@ def test_the_compiled_level_map_is_the_one_torch_comparisons_give(seed, monkeypa
     total = sum(c.numel() for c in chunks)
     fractions = (0.001, 0.01, 0.1, 0.5, 0.9)
     levels, named = top_q_levels(lambda: iter(chunks), total, fractions)
-    assert torch.equal(levels, levels_by_comparison(lambda: iter(chunks), total, named))
+    order = torch.argsort(
+        torch.cat([c.reshape(-1) for c in chunks]).clamp_min(0), descending=True, stable=True
+    )
+    want = torch.zeros(total, dtype=torch.uint8)
+    for level in range(len(fractions), 0, -1):  # largest set first; the smaller ones overwrite inside it
+        want[order[: named[level - 1].k]] = level
+    assert torch.equal(levels, want)
     for level, threshold in enumerate(named, start=1):
         assert int(((levels > 0) & (levels <= level)).sum()) == threshold.k
     # each tensor cut into parts across threads, as large ones are: the same map

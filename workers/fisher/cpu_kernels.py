@@ -234,13 +234,14 @@ def nested_levels(
 ) -> torch.Tensor:
     """uint8 [total]: ``workers.fisher.masks.top_q_levels``'s level map from its thresholds (``values``,
     not increasing) and set sizes ``ks``, in two compiled passes (the first read cold, the second only
-    as far as the ties that complete each set) instead of a few torch passes per level."""
+    as far as the ties that complete each set) instead of a few torch passes per level. The map lives
+    on the CPU whatever the chunks' device: GPU chunks are read there."""
     thresholds = np.asarray(values, np.float64)
     levels = np.zeros(total, np.uint8)
     above = np.zeros(len(ks), np.int64)
     offset = 0
     for chunk in chunks():
-        flat, mine = _flat(chunk), levels[offset : offset + chunk.numel()]
+        flat, mine = _flat(chunk.cpu()), levels[offset : offset + chunk.numel()]
 
         def part(lo: int, hi: int, flat=flat, mine=mine) -> np.ndarray:
             counts = np.zeros(len(ks), np.int64)
@@ -254,7 +255,7 @@ def nested_levels(
     for chunk in chunks():
         if remaining.max() == 0:
             break
-        flat = _flat(chunk)
+        flat = _flat(chunk.cpu())
         _tie_levels_into(flat, thresholds, levels[offset : offset + flat.size], remaining)
         offset += flat.size
     return torch.from_numpy(levels)

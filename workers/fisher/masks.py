@@ -37,27 +37,5 @@ def top_q_levels(
             Threshold(max(1, math.ceil(q * total)), value, float("nan"))
             for q, value in zip(fractions, known, strict=True)
         ]
-    first = next(values(), None)
-    if first is None or first.device.type == "cpu":
-        ks, values_at = [t.k for t in named], [t.value for t in named]
-        return cpu_kernels.nested_levels(values, total, ks, values_at), named
-    return levels_by_comparison(values, total, named), named
-
-
-def levels_by_comparison(values: Values, total: int, named: Sequence[Threshold]) -> torch.Tensor:
-    """The level map by torch comparisons, a few passes per level: the way for GPU tensors (the CPU's
-    compiled passes, ``cpu_kernels.nested_levels``, are tested against it)."""
-    levels = torch.zeros(total, dtype=torch.uint8)
-    for level in range(len(named), 0, -1):  # largest set first; the smaller ones overwrite inside it
-        k, threshold = named[level - 1].k, named[level - 1].value
-        above, ties, offset = 0, [], 0
-        for value in values():
-            flat = value.reshape(-1).clamp_min(0)
-            inside = (flat > threshold).cpu()
-            above += int(inside.sum())
-            levels[offset : offset + flat.numel()][inside] = level
-            ties.append((flat == threshold).nonzero().flatten().cpu() + offset)
-            offset += flat.numel()
-        # of the values equal to the threshold, the first ones by index complete the k
-        levels[torch.cat(ties)[: max(0, k - above)]] = level
-    return levels
+    ks, values_at = [t.k for t in named], [t.value for t in named]
+    return cpu_kernels.nested_levels(values, total, ks, values_at), named
