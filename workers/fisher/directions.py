@@ -103,16 +103,10 @@ def _direct_squares(x: torch.Tensor, delta: torch.Tensor, weights: torch.Tensor)
     return value
 
 
-def _pair_indices(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pairs r <= s in row-major order: (0, 0), (0, 1), ..., (1, 1), ..."""
-    upper, lower = torch.triu_indices(rows, rows, device=device)
-    return upper, lower
-
-
 def _ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s}, over M's pairs r <= s (M is symmetric); ``m`` is M
     as ``_ghost_moments`` keeps it: its pairs [pairs, o], or the whole [o, r, r]."""
-    first, second = _pair_indices(x.shape[0], x.device)
+    first, second = torch.triu_indices(x.shape[0], x.shape[0], device=x.device)  # r <= s, row-major
     m_pairs = m if m.dim() == 2 else m[:, first, second].T
     # an off-diagonal pair stands for (r, s) and (s, r)
     twice = torch.where(first == second, 1.0, 2.0).to(x.dtype)
@@ -120,7 +114,7 @@ def _ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return m_pairs.T @ features  # [o, i]
 
 
-GHOST_ROWWISE_MAX_ROWS = 12  # up to here one matrix-vector product per row beats a batch of tiny matmuls
+GHOST_ROWWISE_MAX_ROWS = 12  # up to here M's pairs by rows beat a batch of tiny Grams (one per output)
 
 
 def _ghost_moments(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -128,10 +122,10 @@ def _ghost_moments(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     ([pairs, o]), with many the whole [o, r, r] (picking the pairs out of each chunk's Grams costs more
     than the Grams; they are picked once, in ``_ghost_squares``). Chunks add up in either layout.
 
-    Why two ways: with few rows, each row's products with the rows after it ([b, rows, o], in cache)
-    meet the weights in one matrix-vector product; a broadcast over all pairs at once writes b r^2 o
-    floats, and reading them back was most of a short prefix's direction pass. With many rows, one
-    small Gram per output (a batched matmul) costs less.
+    Why two ways: with few rows, each row's products with the rows after it are summed while they are
+    in cache (a compiled loop on the CPU, a matrix-vector product per row on the GPU); a broadcast over
+    all pairs at once writes b r^2 o floats, and reading them back was most of a short prefix's
+    direction pass. With many rows, one small Gram per output (a batched matmul) costs less.
     """
     rows = delta.shape[1]
     if rows > GHOST_ROWWISE_MAX_ROWS:

@@ -118,14 +118,11 @@ class MomentSums:
         instead of a new tensor, so that a pass over every stat of every tensor allocates nothing large
         (on some machines a fresh P-sized array costs more in page faults than the arithmetic). A stored
         stat (fisher, mean_shift, common, policy_grad, bound) is returned as it is: never modify it.
+        An unknown stat is refused (``terms``).
         """
-        if stat not in STATS:
-            raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
-        if self.identically_zero(stat):
-            return self._zeros(name)
         if stat == "rho":
             return self._rho(name, self._buffer(name, out))
-        terms = self.terms(stat, name)
+        terms = self.terms(stat, name)  # zeros for a stat zero by construction
         if terms is None:  # raw at one position off-policy: kbar_mu = common + shift, squared in place
             target = self._buffer(name, out)
             torch.add(self.sums["common"][name], self.sums["mean_shift"][name], out=target)
