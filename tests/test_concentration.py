@@ -174,3 +174,56 @@ def test_pooled_views_are_float64_block_sums(shape):
     )
     assert view["shape"] == list(want.shape)
     torch.testing.assert_close(torch.from_numpy(view["values"]).double(), want, rtol=1e-6, atol=0.0)
+
+
+def test_items_in_threads_come_back_in_order_and_run_their_loops_whole():
+    """Items finish out of order (the largest start first); the results keep the items' order, and a
+    loop called inside an item is not cut in parts (every thread is busy already)."""
+    import time
+
+    sizes = [3, 50, 1, 20, 7, 0]
+
+    def work(size: int) -> tuple[int, int]:
+        time.sleep(size / 5000)
+        parts = cpu_kernels._in_parts(1 << 30, lambda lo, hi: hi - lo)
+        return size, len(parts)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        got = cpu_kernels.each_in_threads(work, sizes, sizes)
+        nested = cpu_kernels.each_in_threads(
+            lambda size: cpu_kernels.each_in_threads(work, [size, size], [1, 1]), sizes, sizes
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert got == [(size, 1) for size in sizes]
+    assert nested == [[(size, 1), (size, 1)] for size in sizes]
+    assert not cpu_kernels._busy()  # this thread cuts loops in parts again
+
+
+def test_an_error_in_one_item_reaches_the_caller_after_every_thread_stopped():
+    import threading
+    import time
+
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def work(item: int) -> int:
+        with lock:
+            started.append(item)
+        if item == 2:
+            raise ValueError("item 2 is bad")
+        time.sleep(0.01)
+        return item
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(ValueError, match="item 2 is bad"):
+            cpu_kernels.each_in_threads(work, list(range(40)), [40 - i for i in range(40)])
+    finally:
+        torch.set_num_threads(threads)
+    seen = len(started)
+    time.sleep(0.05)
+    assert len(started) == seen < 40  # nothing runs on after the call, and the rest were not started

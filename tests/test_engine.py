@@ -250,3 +250,32 @@ def test_a_half_precision_model_is_summarized_by_the_compiled_loops(dtype):
         for t in widened
     ]
     assert [t["totals"]["rho_mean"] for t in summary["tensors"]] == pytest.approx(rho, rel=1e-6, abs=1e-9)
+
+
+def test_the_summary_in_threads_is_the_summary_in_one_thread(tiny_random):
+    """Tensors are summarized in threads and combined in order: the same numbers, to the last bit."""
+    from workers.engine import CURVE_STATS
+    from workers.fisher.model_summary import model_summary
+    from workers.fisher.position import HeadLayout
+
+    reward = {str(_token(tiny_random, " tea")): 1.0}
+    analysis = run_analysis(
+        tiny_random,
+        _job(tiny_random, continuation=" coffee and", sampler=JobSampler(temperature=0.7), reward=reward),
+    )
+    layout = HeadLayout.of(tiny_random.model)
+
+    def summary() -> dict:
+        sums = analysis.sequence.sums
+        return model_summary(sums, layout.head_name, layout.embedding_name, CURVE_STATS)
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = summary()
+        torch.set_num_threads(3)
+        together = summary()
+    finally:
+        torch.set_num_threads(threads)
+    assert together == alone
+    assert alone["top_coordinates"]["fisher"] and alone["overlap"] is not None

@@ -13,7 +13,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -50,6 +50,18 @@ _TOTALS = {
     "common": ("common_sq", True),
 }
 _REWARD_TOTALS = {"policy_grad": ("policy_grad_sq", True), "bound": ("bound", False)}
+
+
+@dataclass
+class _First:
+    """What the first pass finds in one tensor."""
+
+    totals: dict[str, float]
+    hists: dict[str, Histogram]  # per curve stat
+    candidates: dict[str, list[Candidate]]  # per top stat without a curve
+
+
+_Result = TypeVar("_Result")
 
 
 @dataclass
@@ -118,22 +130,48 @@ class _ModelPass:
         self.aliases = {stat: [s for s in self.totals_of if sums.alias(s) == stat] for stat in self.formed}
         self.total_keys = [key for key, _ in _TOTALS.values()] + ["rho_mean"]
         self.total_keys += [key for key, _ in _REWARD_TOTALS.values()] if sums.has_reward else []
-        largest = max((math.prod(shape) for shape in sums.shapes.values()), default=0)
-        self.scratch = _scratch.take(largest, sums.dtype, sums.device)
+        self.largest = max((math.prod(shape) for shape in sums.shapes.values()), default=0)
+        self.local = threading.local()  # each thread's scratch buffer
+        self.taken: list[torch.Tensor] = []
+        self.taken_lock = threading.Lock()
 
-    def first(self, name: str) -> None:
+    @property
+    def scratch(self) -> torch.Tensor:
+        """This thread's buffer for formed stats (tensors are summarized in threads), taken once."""
+        buffer = getattr(self.local, "scratch", None)
+        if buffer is None:
+            buffer = self.local.scratch = _scratch.take(self.largest, self.sums.dtype, self.sums.device)
+            with self.taken_lock:
+                self.taken.append(buffer)
+        return buffer
+
+    def release(self) -> None:
+        for buffer in self.taken:
+            _scratch.give(buffer)
+        self.taken.clear()
+
+    def each_tensor(self, work: Callable[[str], _Result], names: list[str]) -> list[_Result]:
+        """``work`` for every tensor, in threads on the CPU (results in ``names``' order)."""
+        if self.sums.device.type != "cpu":
+            return [work(name) for name in names]
+        sizes = [math.prod(self.sums.shapes[name]) for name in names]
+        return cpu_kernels.each_in_threads(work, names, sizes)
+
+    def first(self, name: str) -> _First:
         """Totals, histograms and (for stats without a curve) top candidates of one tensor.
 
-        Each stat is formed once, into the scratch buffer, and everything it feeds is taken from it
-        before the next one is formed.
+        Each stat is formed once, into this thread's scratch buffer, and everything it feeds is taken
+        from it before the next one is formed. Reads only: ``record_first`` keeps the result.
         """
         sums = self.sums
         found: dict[str, float] = {}
+        hists: dict[str, Histogram] = {}
+        candidates: dict[str, list[Candidate]] = {}
         for stat in self.formed:
             if stat in self.curve:
                 # binned from its terms, unformed; its totals are the histogram's (float64) sums, and its
                 # top coordinates are found in the second pass
-                hist = self.hists[stat][name] = histogram([self._stat(stat, name)])
+                hist = hists[stat] = histogram([self._stat(stat, name)])
                 for alias in self.aliases[stat]:
                     found[self.totals_of[alias][0]] = hist.total
                 continue
@@ -142,23 +180,38 @@ class _ModelPass:
                 key, squared = self.totals_of[alias]
                 found[key] = self._total(value, squared)
             if stat in self.top_stats:
-                self.candidates[stat].extend(_top_candidates(name, value, stat in SIGNED_STATS))
+                candidates[stat] = _top_candidates(name, value, stat in SIGNED_STATS)
         found["rho_mean"] = self._rho_mean(name)
         # the order of the contract's totals; a stat zero by construction was never formed: 0
-        totals = {key: found.get(key, 0.0) for key in self.total_keys}
+        return _First({key: found.get(key, 0.0) for key in self.total_keys}, hists, candidates)
+
+    def record_first(self, name: str, first: _First) -> None:
+        """Keep one tensor's first-pass results (tensors in order: sums are summed in that order)."""
+        sums = self.sums
+        for stat, hist in first.hists.items():
+            self.hists[stat][name] = hist
+        for stat, found in first.candidates.items():
+            self.candidates[stat].extend(found)
         numel = math.prod(sums.shapes[name])
         kind = module_kind(name, self.head_name, self.embedding_name)
         layer = layer_of(name, self.embedding_name)
         shape = list(sums.shapes[name])
         self.tensors.append(
-            {"name": name, "layer": layer, "kind": kind, "shape": shape, "numel": numel, "totals": totals}
+            {
+                "name": name,
+                "layer": layer,
+                "kind": kind,
+                "shape": shape,
+                "numel": numel,
+                "totals": first.totals,
+            }
         )
         for group in (
             self.layers.setdefault(layer, _Group()),
             self.kinds.setdefault(kind, _Group()),
             self.model,
         ):
-            group.add(totals, numel)
+            group.add(first.totals, numel)
 
     def _stat(self, stat: str, name: str) -> Stat:
         """The stat's terms where it is a sum of stored arrays, else the stat formed in the scratch."""
@@ -192,40 +245,49 @@ class _ModelPass:
     def second(self) -> dict[str, list[Threshold]]:
         """Exact named shares (model and, for the Fisher, per tensor) and the curve stats' top candidates."""
         model_hists = {stat: merge(self.hists[stat].values()) for stat in self.curve}
-        model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in self.curve}
-        members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in self.curve}
+        self.model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in self.curve}
         # the bin of the model's TOP_COORDINATES-th largest value: everything at or above it is a candidate
-        top_bin = {stat: _top_bin(model_hists[stat]) for stat in self.curve}
-        for entry in self.tensors:
-            name = entry["name"]
-            per_tensor = "fisher" in self.hists  # else the Fisher is identically zero: shares 0
-            tensor_plan = plan_thresholds(self.hists["fisher"][name], NAMED_FRACTIONS) if per_tensor else None
-            if not per_tensor:
-                entry["concentration"] = {"fisher": {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}}
+        self.top_bin = {stat: _top_bin(model_hists[stat]) for stat in self.curve}
+        members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in self.curve}
+        found = self.each_tensor(self._second_of, [entry["name"] for entry in self.tensors])
+        for entry, (selected, candidates, concentration) in zip(self.tensors, found, strict=True):
+            entry["concentration"] = concentration
             for stat in self.curve:
-                wanted = model_plans[stat].bins | (
-                    tensor_plan.bins if tensor_plan and stat == "fisher" else set()
-                )
-                hist = self.hists[stat][name]
-                # one pass: the boundary bins' values and, at or above the top bin, the candidates; a
-                # tensor with none of them (its histogram says) is not formed again
-                needed = bool(hist.counts[selection_mask(wanted, top_bin[stat])].any())
-                value = self._stat(stat, name) if needed else self.scratch[:0]
-                index, values, bins = select_bins(value, wanted, top_bin[stat], hist)
-                found: dict[int, list[torch.Tensor]] = {}
-                group_by_bin(values, bins, wanted, found)
-                if stat in self.candidates:
-                    top = bins >= top_bin[stat]
-                    for i, v in zip(index[top].tolist(), values[top].tolist(), strict=True):
-                        self.candidates[stat].append((v, name, i, v))
-                for b in model_plans[stat].bins:
-                    members[stat].setdefault(b, []).extend(found.get(b, []))
-                if stat == "fisher" and tensor_plan is not None:
-                    mine = {b: found.get(b, []) for b in tensor_plan.bins}
-                    shares = _shares(self.hists["fisher"][name], tensor_plan.finish(mine))
-                    entry["concentration"] = {"fisher": shares}
+                for b in self.model_plans[stat].bins:
+                    members[stat].setdefault(b, []).extend(selected[stat].get(b, []))
+            for stat, more in candidates.items():
+                self.candidates[stat].extend(more)
         self.model_hists = model_hists
-        return {stat: model_plans[stat].finish(members[stat]) for stat in self.curve}
+        return {stat: self.model_plans[stat].finish(members[stat]) for stat in self.curve}
+
+    def _second_of(self, name: str) -> tuple[dict[str, dict[int, list[torch.Tensor]]], dict, dict]:
+        """One tensor's boundary-bin values per curve stat, its top candidates and (for the Fisher) its
+        exact named shares. Reads only: ``second`` combines the tensors' results in order."""
+        per_tensor = "fisher" in self.hists  # else the Fisher is identically zero: shares 0
+        tensor_plan = plan_thresholds(self.hists["fisher"][name], NAMED_FRACTIONS) if per_tensor else None
+        concentration = {"fisher": {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}}
+        selected: dict[str, dict[int, list[torch.Tensor]]] = {}
+        candidates: dict[str, list[Candidate]] = {}
+        for stat in self.curve:
+            own = tensor_plan.bins if tensor_plan and stat == "fisher" else set()
+            wanted = self.model_plans[stat].bins | own
+            hist = self.hists[stat][name]
+            # one pass: the boundary bins' values and, at or above the top bin, the candidates; a tensor
+            # with none of them (its histogram says) is not formed again
+            needed = bool(hist.counts.numpy()[selection_mask(wanted, self.top_bin[stat]).numpy()].any())
+            value = self._stat(stat, name) if needed else self.scratch[:0]
+            index, values, bins = select_bins(value, wanted, self.top_bin[stat], hist)
+            found = selected[stat] = {}
+            group_by_bin(values, bins, wanted, found)
+            if stat in self.candidates:
+                top = bins >= self.top_bin[stat]
+                candidates[stat] = [
+                    (v, name, i, v) for i, v in zip(index[top].tolist(), values[top].tolist(), strict=True)
+                ]
+            if stat == "fisher" and tensor_plan is not None:
+                mine = {b: found.get(b, []) for b in tensor_plan.bins}
+                concentration = {"fisher": _shares(self.hists["fisher"][name], tensor_plan.finish(mine))}
+        return selected, candidates, concentration
 
 
 class _ScratchPool:
@@ -271,14 +333,14 @@ def model_summary(
     try:
         return _summarize(work, sums, curve_stats, light)
     finally:
-        _scratch.give(work.scratch)
+        work.release()
 
 
 def _summarize(work: _ModelPass, sums: MomentSums, curve_stats: tuple[str, ...], light: bool) -> dict:
     if light:
         work.top_stats = []
-    for name in sums.names:
-        work.first(name)
+    for name, first in zip(sums.names, work.each_tensor(work.first, sums.names), strict=True):
+        work.record_first(name, first)
     if light:
         return {**work.groups(), "concentration": None, "top_coordinates": None, "overlap": None}
     named = work.second()
