@@ -26,13 +26,14 @@ class SizedModel(Protocol):
 # parameter at the matmul rate. Why they depend on the machine: only the matmuls follow that rate; the
 # backward's elementwise ops and the summary's passes follow memory, so the faster a machine's matmuls
 # against its memory, the larger these are (README, Speed). Fitted on a 2-core AVX-512 AMD EPYC
-# (matmuls at 120-150 GFLOP/s); on a 2-core AVX-512 Intel Xeon (340-390 GFLOP/s) they were 1.9, 100,
-# 180, 8.6 and 4300 (fitted there), and these would estimate 0.54-0.76x the time measured there.
-DIRECTION_EFFICIENCY = 1.33  # the batched backward and the block squares against 2 r P t at the matmul rate
-POSITION_FLOPS_PER_PARAM = 325  # per analysed position: forward, C_mu, the moments folded into the sums
-CONTEXT_TOKEN_FLOPS_PER_PARAM = 110  # per context token of each position: activations kept for the pass
-GHOST_PAIR_FLOPS_PER_PARAM = 4.1  # times n (n + 1) per position in the ghost form: its squares, M
-SUMMARY_FLOPS_PER_PARAM = 1900  # once, measured: totals, concentration curves, top coordinates
+# (matmuls at 110-160 GFLOP/s) to two runs of the benchmark, the second 25-30% faster throughout (the
+# machine is shared); on a 2-core AVX-512 Intel Xeon (340-390 GFLOP/s) they were 1.9, 100, 180, 8.6 and
+# 4300 (fitted there), and these would estimate about half the time measured there.
+DIRECTION_EFFICIENCY = 1.22  # the batched backward and the block squares against 2 r P t at the matmul rate
+POSITION_FLOPS_PER_PARAM = 200  # per analysed position: forward, C_mu, the moments folded into the sums
+CONTEXT_TOKEN_FLOPS_PER_PARAM = 102  # per context token of each position: activations kept for the pass
+GHOST_PAIR_FLOPS_PER_PARAM = 4.3  # times n (n + 1) per position in the ghost form: its squares, M
+SUMMARY_FLOPS_PER_PARAM = 1100  # once, measured: totals, concentration curves, top coordinates
 
 
 def context_lengths(job: AnalysisJob) -> list[int]:
