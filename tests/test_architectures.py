@@ -237,3 +237,16 @@ def test_a_sampled_response_is_the_draw_of_full_forward_passes(family):
         mu = sampler_distribution(sampler, logits, None)
         ids.append(int(torch.multinomial(mu, 1, generator=generator)))
     assert drawn == ids[prefix.numel() :]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_captured_forward_computes_the_models_own_logits(family, dtype):
+    """A prefix's p comes from its captured forward (the model runs once): the recording, with autograd
+    on, must leave every logit as the plain no-grad forward computes it, bit for bit."""
+    from workers.fisher.capture import capture_forward
+    from workers.fisher.response import next_token_logits
+
+    model = tiny_model(family, tied=FAMILIES[family].tied_options[0], seed=3, dtype=dtype)
+    ids = torch.tensor(IDS)
+    assert torch.equal(capture_forward(model, ids).logits[0].detach().double(), next_token_logits(model, ids))
