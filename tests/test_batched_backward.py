@@ -117,3 +117,44 @@ def test_the_attention_rule_folds_a_mask_that_vmap_batches():
     batched = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(q, masks)
     for m, mask in enumerate(masks):
         torch.testing.assert_close(batched[m], torch.func.grad(loss)(q, mask), rtol=1e-12, atol=1e-14)
+
+
+def test_the_first_chunk_for_partial_results_stays_within_the_memory_budget(monkeypatch):
+    """A small first chunk gives an early partial result; where the budget holds fewer directions than
+    that, the first chunk is the budget's chunk, never more."""
+    from workers.fisher import directions
+    from workers.fisher.directions import LinearGroup, SquareGroup, backprop_directions
+
+    model = tiny_model("llama")
+    capture = capture_forward(model, IDS)
+    hidden = capture.hidden[-1]
+    generator = torch.Generator().manual_seed(1)
+    squares = [
+        SquareGroup(
+            "fisher",
+            torch.randn(40, hidden.shape[0], generator=generator, dtype=hidden.dtype),
+            torch.ones(40, dtype=hidden.dtype),
+        )
+    ]
+    linears = [LinearGroup("common", torch.randn(hidden.shape[0], generator=generator, dtype=hidden.dtype))]
+    sizes: list[int] = []
+    original = directions.batched_grad
+
+    def recording(hidden, targets, vectors):
+        sizes.append(vectors.shape[0])
+        return original(hidden, targets, vectors)
+
+    monkeypatch.setattr(directions, "batched_grad", recording)
+    per_direction = sum(t.numel() for t in direction_targets(capture)) * hidden.element_size() * 2
+    for budget_directions, first in ((100, 33), (12, 12)):  # room for the small first chunk, then not
+        sizes.clear()
+        backprop_directions(
+            capture,
+            len(IDS) - 1,
+            squares,
+            linears,
+            [],
+            memory_budget_bytes=budget_directions * per_direction,
+            on_chunk=lambda snapshot, done: None,
+        )
+        assert sizes[0] == first and max(sizes) <= budget_directions and sum(sizes) == 41

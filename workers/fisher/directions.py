@@ -468,8 +468,10 @@ def backprop_directions(
     if progress is not None:
         progress(0.0)
     bounds = list(range(0, total, chunk)) + [total]
-    if on_chunk is not None and total > FIRST_CHUNK + work.square_offsets[0]:
-        first = FIRST_CHUNK + work.square_offsets[0]
+    # the first chunk kept small for an early partial result, never above the memory budget's chunk (at
+    # 32 tokens SmolLM2's budget holds 26 directions: a first chunk of 33 ran over it)
+    first = min(FIRST_CHUNK + work.square_offsets[0], chunk)
+    if on_chunk is not None and total > first:
         bounds = [0, *range(first, total, chunk), total]
     for start, stop in zip(bounds, bounds[1:], strict=False):
         grads = batched_grad(hidden, targets, work.vectors[start:stop])
