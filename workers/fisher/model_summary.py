@@ -134,6 +134,7 @@ class _ModelPass:
         self.local = threading.local()  # each thread's scratch buffer
         self.taken: list[torch.Tensor] = []
         self.taken_lock = threading.Lock()
+        self._nothing = torch.empty(0, dtype=sums.dtype, device=sums.device)  # a stat not read
 
     @property
     def scratch(self) -> torch.Tensor:
@@ -275,7 +276,8 @@ class _ModelPass:
             # one pass: the boundary bins' values and, at or above the top bin, the candidates; a tensor
             # with none of them (its histogram says) is not formed again
             needed = bool(hist.counts.numpy()[selection_mask(wanted, self.top_bin[stat]).numpy()].any())
-            value = self._stat(stat, name) if needed else self.scratch[:0]
+            # not needed: nothing is read, so no thread's scratch buffer is taken for it
+            value = self._stat(stat, name) if needed else self._nothing
             index, values, bins = select_bins(value, wanted, self.top_bin[stat], hist)
             found = selected[stat] = {}
             group_by_bin(values, bins, wanted, found)
