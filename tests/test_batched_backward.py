@@ -158,3 +158,56 @@ def test_the_first_chunk_for_partial_results_stays_within_the_memory_budget(monk
             on_chunk=lambda snapshot, done: None,
         )
         assert sizes[0] == first and max(sizes) <= budget_directions and sum(sizes) == 41
+
+
+@pytest.mark.parametrize(
+    ("total", "lead", "chunk", "early", "bounds"),
+    [
+        (41, 1, 100, False, [0, 41]),
+        (41, 1, 100, True, [0, 33, 41]),
+        (41, 1, 12, True, [0, 12, 24, 36, 41]),
+        # the lead fills the budget's chunk: it goes first, then a chunk of square directions
+        (100, 26, 26, True, [0, 26, 52, 78, 100]),
+        (100, 30, 26, True, [0, 26, 30, 56, 82, 100]),
+        (200, 30, 100, True, [0, 62, 162, 200]),
+        (20, 3, 100, True, [0, 20]),
+    ],
+)
+def test_chunk_bounds(total, lead, chunk, early, bounds):
+    from workers.fisher.directions import FIRST_CHUNK, chunk_bounds
+
+    assert FIRST_CHUNK == 32
+    got = chunk_bounds(total, lead, chunk, early)
+    assert got == bounds
+    assert max(b - a for a, b in zip(got, got[1:], strict=False)) <= chunk
+
+
+def test_partial_results_come_only_once_square_directions_are_in():
+    """Where the lead (first moments, probes) fills the first chunk, no partial comes after it."""
+    from workers.fisher.directions import LinearGroup, SquareGroup, backprop_directions
+
+    model = tiny_model("llama")
+    capture = capture_forward(model, IDS)
+    hidden = capture.hidden[-1]
+    generator = torch.Generator().manual_seed(2)
+
+    def vector():
+        return torch.randn(hidden.shape[0], generator=generator, dtype=hidden.dtype)
+
+    squares = [
+        SquareGroup("fisher", torch.stack([vector() for _ in range(10)]), torch.ones(10, dtype=hidden.dtype))
+    ]
+    linears = [LinearGroup(f"first_{i}", vector()) for i in range(5)]
+    per_direction = sum(t.numel() for t in direction_targets(capture)) * hidden.element_size() * 2
+    done: list[list[int]] = []
+    backprop_directions(
+        capture,
+        len(IDS) - 1,
+        squares,
+        linears,
+        [],
+        memory_budget_bytes=4 * per_direction,
+        on_chunk=lambda snapshot, counts: done.append(counts),
+    )
+    # chunks [0, 4), [4, 5), [5, 9), [9, 13), [13, 15): none after the lead, none after the last
+    assert done == [[4], [8]]

@@ -10,9 +10,9 @@ import torch
 from workers.fisher import cpu_kernels
 from workers.fisher.concentration import (
     N_BINS,
+    BinChoice,
     _bins,
     collect_bins,
-    group_by_bin,
     histogram,
     select_bins,
     thresholds,
@@ -57,26 +57,51 @@ def test_histogram_sums_do_not_lose_increments_past_float32():
     assert hist.total == float(n)
 
 
-def test_selection_is_every_value_of_the_wanted_bins_and_above_a_bin():
+def test_selection_is_every_value_of_the_wanted_bins_and_above_a_bin_grouped_by_bin():
     values = _values(1_100_000 + 11)
     bins = _bins(values)
     nonzero = bins[bins > 0]
     wanted = {int(nonzero.median()), int(nonzero.max()) - 40}
     from_bin = int(nonzero.max()) - 5
-    for hist in (None, histogram([values])):
-        index, got, got_bins = select_bins(values, wanted, from_bin, hist)
-        keep = (bins > 0) & (torch.isin(bins, torch.tensor(sorted(wanted))) | (bins >= from_bin))
-        expected = torch.nonzero(keep).flatten()
-        assert torch.equal(index, expected)
-        assert torch.equal(got, values[expected].double())
-        assert torch.equal(got_bins.long(), bins[expected].long())
+    keep = (bins > 0) & (torch.isin(bins, torch.tensor(sorted(wanted))) | (bins >= from_bin))
+    chosen = torch.nonzero(keep).flatten()
+    expected = chosen[torch.sort(bins[chosen], stable=True).indices]  # by bin, then by index
+    hist = histogram([values])
+    compiled = select_bins(values, wanted, from_bin, hist)
+    by_torch = BinChoice.of(hist, wanted, from_bin).select_with_torch(StatTerms(values))
+    for selection in (select_bins(values, wanted, from_bin), compiled, by_torch):
+        assert torch.equal(selection.index, expected)
+        assert torch.equal(selection.values, values[expected].double())
+        for b in (*wanted, from_bin, from_bin + 1, 1):
+            chosen_b = b in wanted or b >= from_bin
+            want = values[bins == b].double() if chosen_b else torch.empty(0, dtype=torch.float64)
+            assert torch.equal(selection.of(b), want)
+        index, tail = selection.at_or_above(from_bin)
+        above = torch.nonzero(bins >= from_bin).flatten()
+        assert torch.equal(index, above[torch.sort(bins[above], stable=True).indices])
+        assert torch.equal(tail, values[index].double())
     found: dict[int, list[torch.Tensor]] = {}
     collect_bins(values, wanted, found)
+    assert found.keys() == wanted
     for b in wanted:
         assert torch.equal(torch.cat(found[b]), values[bins == b].double())
-    grouped: dict[int, list[torch.Tensor]] = {}
-    group_by_bin(got, got_bins, wanted, grouped)
-    assert {b: torch.cat(v) for b, v in grouped.items()}.keys() == found.keys()
+
+
+def test_a_selection_refuses_a_histogram_of_other_values():
+    values = _values(10_007)
+    other = histogram([_values(10_007, seed=9)])
+    wanted = {int(_bins(values).max())}
+    for select in (BinChoice.of(other, wanted).select, BinChoice.of(other, wanted).select_with_torch):
+        with pytest.raises(ValueError, match="histogram is not the selected values' own"):
+            select(StatTerms(values))
+
+
+def test_no_values_chosen_reads_nothing():
+    hist = histogram([_values(1000)])
+    choice = BinChoice.of(hist, {N_BINS - 1})  # a bin no value is in
+    assert choice.size == 0
+    selection = choice.select(torch.empty(0))  # an empty stand-in: never read
+    assert selection.index.numel() == selection.values.numel() == 0
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -105,36 +130,32 @@ def test_a_sum_of_arrays_bins_and_selects_as_its_formed_array(squared):
     torch.testing.assert_close(hist.sums, want.sums, rtol=1e-12, atol=0.0)
     bins = _bins(formed)
     wanted = {int(bins.max()) - 3, int(bins[bins > 0].median())}
-    for got, expected in zip(select_bins(terms, wanted, hist=hist), select_bins(formed, wanted), strict=True):
-        assert torch.equal(got, expected)
+    got, expected = select_bins(terms, wanted, hist=hist), select_bins(formed, wanted)
+    assert torch.equal(got.index, expected.index)
+    assert torch.equal(got.values, expected.values)
 
 
 def test_parts_in_threads_give_what_one_pass_gives(monkeypatch):
-    """The compiled loops cut a large array into one part per torch thread: the same counts, sums,
-    selection (indices offset by each part's start) and sum of squares as one part."""
+    """The compiled loops cut a large array into one part per torch thread: the same counts, sums and
+    sum of squares as one part (a selection runs in one part)."""
     values = _values(100_003, seed=5)
     extra = _values(values.numel(), seed=6).clamp_min(0).sqrt()
     terms = StatTerms(values, extra, squared=True)
-    bins = _bins(terms.formed())
-    wanted = {int(bins[bins > 0].median())}
 
     def run():
-        hist = histogram([terms])
-        return hist, select_bins(terms, wanted, int(bins.max()) - 2, hist), cpu_kernels.square_sum(values)
+        return histogram([terms]), cpu_kernels.square_sum(values)
 
     monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 1 << 40)
-    one_hist, one_selection, one_square = run()
+    one_hist, one_square = run()
     threads = torch.get_num_threads()
     monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 1000)
     torch.set_num_threads(3)  # three parts, whatever this machine has
     try:
-        hist, selection, square = run()
+        hist, square = run()
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(hist.counts, one_hist.counts)
     torch.testing.assert_close(hist.sums, one_hist.sums, rtol=1e-12, atol=0.0)
-    for got, expected in zip(selection, one_selection, strict=True):
-        assert torch.equal(got, expected)
     assert square == pytest.approx(one_square, rel=1e-12)
 
 

@@ -122,60 +122,90 @@ def plan_thresholds(hist: Histogram, fractions: Iterable[float]) -> ThresholdPla
     return ThresholdPlan(rows)
 
 
-def selection_mask(wanted: set[int], from_bin: int | None = None) -> torch.Tensor:
-    """bool per bin: the ``wanted`` bins and, with ``from_bin``, every bin at or above it (never bin 0)."""
-    mask = np.zeros(N_BINS, dtype=bool)
-    mask[sorted(wanted)] = True
-    if from_bin is not None:
-        mask[max(from_bin, 1) :] = True
-    mask[0] = False
-    return torch.from_numpy(mask)
+@dataclass(frozen=True)
+class BinChoice:
+    """Where a selection of one chunk's values puts each chosen bin's values, taken from the chunk's own
+    histogram before the chunk is read (so a chunk with none of them need not be formed): bin by bin,
+    ascending, and in index order within a bin."""
+
+    starts: np.ndarray  # int64 [N_BINS]: where bin b's values start; -1 where b is not chosen
+    ends: np.ndarray  # int64 [N_BINS]: how many chosen values lie in bins <= b
+
+    @staticmethod
+    def of(hist: Histogram, wanted: set[int], from_bin: int | None = None) -> BinChoice:
+        """The ``wanted`` bins and, with ``from_bin``, every bin at or above it; bin 0 (the zeros) never."""
+        # numpy, not torch: this runs per tensor and stat on 4096 bins, where torch's per-call cost was
+        # most of the time
+        chosen = np.zeros(N_BINS, dtype=bool)
+        chosen[sorted(wanted)] = True
+        if from_bin is not None:
+            chosen[max(from_bin, 1) :] = True
+        chosen[0] = False
+        sizes = np.where(chosen, hist.counts.numpy().astype(np.int64), 0)
+        ends = np.cumsum(sizes)
+        return BinChoice(np.where(chosen, ends - sizes, -1), ends)
+
+    @property
+    def size(self) -> int:
+        return int(self.ends[-1])
+
+    def select(self, chunk: Stat) -> Selection:
+        """The chosen values of ``chunk`` (one pass; not read at all when there are none)."""
+        if self.size == 0:
+            empty = torch.empty(0, dtype=torch.int64)
+            return Selection(self, empty, torch.empty(0, dtype=torch.float64))
+        terms = _terms(chunk)
+        if terms.base.device.type == "cpu":
+            return Selection(self, *cpu_kernels.select_grouped(terms, _SHIFT, self.starts, self.ends))
+        return self.select_with_torch(terms)
+
+    def select_with_torch(self, terms: StatTerms) -> Selection:
+        """``select`` in torch's ops: the GPU's path (tested against the compiled one on the CPU)."""
+        flat = terms.formed().reshape(-1)
+        bins = _bins(flat)
+        index = torch.nonzero(torch.from_numpy(self.starts >= 0).to(flat.device)[bins.long()]).flatten()
+        index = index[torch.sort(bins[index], stable=True).indices]  # by bin, in index order within one
+        if index.numel() != self.size:
+            raise ValueError("the histogram is not the selected values' own: its counts differ")
+        return Selection(self, index.cpu(), flat[index].to("cpu", torch.float64))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The values of one chunk in the bins of a ``BinChoice``: flat indices and float64 values."""
+
+    choice: BinChoice
+    index: torch.Tensor
+    values: torch.Tensor
+
+    def of(self, b: int) -> torch.Tensor:
+        """Bin b's values, in index order (none when b was not chosen)."""
+        start = int(self.choice.starts[b])
+        return self.values[start : int(self.choice.ends[b])] if start >= 0 else self.values[:0]
+
+    def at_or_above(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices, values) of the chosen values in bins >= b (b >= 1): the selection's tail."""
+        start = int(self.choice.ends[b - 1])
+        return self.index[start:], self.values[start:]
 
 
 def select_bins(
     chunk: Stat, wanted: set[int], from_bin: int | None = None, hist: Histogram | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(flat indices, float64 values, bins) of the values of ``chunk`` whose bin is in ``wanted`` or, with
-    ``from_bin``, at or above it (bin 0, the zeros, never). ``hist``: the chunk's own histogram, which
-    says how many there are (without it, on the CPU, one is taken first: the selection then writes its
-    output in one compiled pass)."""
-    terms = _terms(chunk)
-    mask = selection_mask(wanted, from_bin)
-    on_cpu = terms.base.device.type == "cpu"
-    if hist is None and on_cpu:
-        hist = histogram([terms])
-    count = int(hist.counts.numpy()[mask.numpy()].sum()) if hist is not None else None
-    if count == 0:
-        empty = torch.empty(0, dtype=torch.int64)
-        return empty, torch.empty(0, dtype=torch.float64), empty.int()
-    if count is not None and on_cpu:
-        return cpu_kernels.select(terms, _SHIFT, mask, count)
-    flat = terms.formed().reshape(-1)
-    bins = _bins(flat)
-    index = torch.nonzero(mask.to(flat.device)[bins.long()]).flatten()
-    return index.cpu(), flat[index].to("cpu", torch.float64), bins[index].cpu()
+) -> Selection:
+    """The values of ``chunk`` whose bin is in ``wanted`` or, with ``from_bin``, at or above it (bin 0,
+    the zeros, never). ``hist``: the chunk's own histogram (without it, one is taken first)."""
+    return BinChoice.of(hist if hist is not None else histogram([chunk]), wanted, from_bin).select(chunk)
 
 
 def collect_bins(chunk: Stat, wanted: set[int], into: dict[int, list[torch.Tensor]]) -> None:
     """Append the values of ``chunk`` that fall in the ``wanted`` bins (as float64)."""
     if not wanted:
         return
-    _, values, bins = select_bins(chunk, wanted)
-    group_by_bin(values, bins, wanted, into)
-
-
-def group_by_bin(
-    values: torch.Tensor, bins: torch.Tensor, wanted: set[int], into: dict[int, list[torch.Tensor]]
-) -> None:
-    """Append ``values`` to ``into[b]`` by their bin b, for the ``wanted`` bins (a few: one comparison
-    pass over the selection per bin, in numpy, whose per-call cost is a tenth of torch's)."""
-    if not wanted or not values.numel():
-        return
-    values_np, bins_np = values.numpy(), bins.numpy()
+    selection = select_bins(chunk, wanted)
     for b in sorted(wanted):
-        group = values_np[bins_np == b]
-        if group.size:
-            into.setdefault(b, []).append(torch.from_numpy(group))
+        values = selection.of(b)
+        if values.numel():
+            into.setdefault(b, []).append(values)
 
 
 def thresholds(

@@ -1,7 +1,7 @@
 """Loops of the math core compiled for the CPU (numba), where torch's ops would pass over memory
 several times. GPU tensors take the torch path of the callers, which these loops are tested against.
 
-- ``histogram``, ``select`` (``concentration``): a stat given as its terms (``StatTerms``) is summed
+- ``histogram``, ``select_grouped`` (``concentration``): a stat given as its terms (``StatTerms``) is summed
   value by value, never formed as an array. Per call, torch's bincount takes three passes over its
   input (min, max, count), needs an int32 index array as large as the input, and sums float32 weights in
   float32 (1% off over 1e8 values); these read each value once, allocate nothing of the input's size and
@@ -156,33 +156,36 @@ _AHEAD = 256  # values ahead of the loop that are asked for
 # one request per 64-byte line of float32 (every other line of float64, whose neighbour the hardware
 # fetches with it)
 _LINE_VALUES = 16
+_BLOCK = 256  # values per block of the two-loop kernels (their buffers stay in L1)
 
 
 @numba.njit(nogil=True, cache=True)
 def _histogram_into(base, extra, mode, shift, counts, sums):  # pragma: no cover - compiled
-    for i in range(base.size):
-        if i % _LINE_VALUES == 0:
-            _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
-            if mode != _BASE:
-                _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
-        v = base[i]  # written out in each loop: a shared inlined helper compiled 6x slower
-        if mode == _PLUS:
-            v = v + extra[i]
-        elif mode == _PLUS_SQUARE:
-            v = v + extra[i] * extra[i]
-        b = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]  # numba supplies the context
-        if b < 0:  # rounding-level negatives: bin 0, with the zeros
-            b = 0
-        counts[b] += 1
-        sums[b] += v
+    # two loops per block: the values and bins first, then the scattered updates. In one loop the
+    # updates ran at 8 ns per value on a 2 GHz EPYC, apart 2.6 (the same updates, in the same order)
+    bins = np.empty(_BLOCK, np.int32)
+    values = np.empty(_BLOCK, np.float64)
+    for start in range(0, base.size, _BLOCK):
+        count = min(_BLOCK, base.size - start)
+        for j in range(count):
+            i = start + j
+            v = base[i]  # written out in each loop: a shared inlined helper compiled 6x slower
+            if mode == _PLUS:
+                v = v + extra[i]
+            elif mode == _PLUS_SQUARE:
+                v = v + extra[i] * extra[i]
+            b = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]  # numba supplies the context
+            bins[j] = b if b > 0 else 0  # rounding-level negatives: bin 0, with the zeros
+            values[j] = v
+        for j in range(count):
+            counts[bins[j]] += 1
+            sums[bins[j]] += values[j]
 
 
 @numba.njit(nogil=True, cache=True)
-def _select(base, extra, mode, shift, wanted, at_most):  # pragma: no cover - compiled
-    index = np.empty(at_most, np.int64)
-    out = np.empty(at_most, np.float64)
-    out_bins = np.empty(at_most, np.int32)
-    j = 0
+def _select_grouped(base, extra, mode, shift, chosen, cursor, index, out):  # pragma: no cover - compiled
+    # cursor[b]: where chosen bin b's next value goes. One loop, unlike the histogram's two: few values
+    # are chosen, and the two loops measured 3.5 ns per value against 1.3-2.8
     for i in range(base.size):
         if i % _LINE_VALUES == 0:
             _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
@@ -194,12 +197,12 @@ def _select(base, extra, mode, shift, wanted, at_most):  # pragma: no cover - co
         elif mode == _PLUS_SQUARE:
             v = v + extra[i] * extra[i]
         b = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
-        if b > 0 and wanted[b]:
-            index[j] = i
-            out[j] = v
-            out_bins[j] = b
-            j += 1
-    return index[:j], out[:j], out_bins[:j]
+        if b > 0 and chosen[b]:
+            at = cursor[b]
+            if at < out.size:  # past the end only with a histogram of other values
+                index[at] = i
+                out[at] = v
+                cursor[b] = at + 1
 
 
 @numba.njit(nogil=True, cache=True)
@@ -367,18 +370,19 @@ def histogram(terms: StatTerms, shift: int, n_bins: int) -> tuple[torch.Tensor, 
     return torch.from_numpy(counts.astype(np.float64)), torch.from_numpy(sums)
 
 
-def select(
-    terms: StatTerms, shift: int, wanted: torch.Tensor, at_most: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(flat indices, float64 values, bins) of a stat's values on the CPU whose bin (> 0) is ``wanted``
-    (bool per bin); ``at_most``: how many there are (a histogram of the stat says), so one pass."""
+def select_grouped(
+    terms: StatTerms, shift: int, starts: np.ndarray, ends: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat indices, float64 values) of a stat's values on the CPU in chosen bins (> 0), grouped by bin:
+    bin b's values go to [starts[b], ends[b]) in index order (starts[b] = -1: not chosen). The ranges
+    come from a histogram of the same values, which is checked. One pass, in one part: the summary runs
+    tensors in threads, and a part could not know where its values of a bin start."""
     base, extra, mode = _arrays(terms)
-    mask = wanted.numpy()
-
-    def part(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        # each part may hold all of them; untouched pages of its output are never faulted in
-        index, values, bins = _select(base[lo:hi], extra[lo:hi], mode, shift, mask, at_most)
-        return index + lo, values, bins
-
-    index, values, bins = (np.concatenate(arrays) for arrays in zip(*_in_parts(base.size, part), strict=True))
-    return torch.from_numpy(index), torch.from_numpy(values), torch.from_numpy(bins)
+    size = int(ends.max(initial=0))
+    index, values = np.empty(size, np.int64), np.empty(size, np.float64)
+    cursor = starts.copy()
+    chosen = starts >= 0
+    _select_grouped(base, extra, mode, shift, chosen, cursor, index, values)
+    if not np.array_equal(cursor[chosen], ends[chosen]):
+        raise ValueError("the histogram is not the selected values' own: its counts differ")
+    return torch.from_numpy(index), torch.from_numpy(values)

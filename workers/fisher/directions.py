@@ -467,17 +467,33 @@ def backprop_directions(
     total = len(work.rows)
     if progress is not None:
         progress(0.0)
-    bounds = list(range(0, total, chunk)) + [total]
-    # the first chunk kept small for an early partial result, never above the memory budget's chunk (at
-    # 32 tokens SmolLM2's budget holds 26 directions: a first chunk of 33 ran over it)
-    first = min(FIRST_CHUNK + work.square_offsets[0], chunk)
-    if on_chunk is not None and total > first:
-        bounds = [0, *range(first, total, chunk), total]
+    lead = work.square_offsets[0]
+    bounds = chunk_bounds(total, lead, chunk, early=on_chunk is not None)
     for start, stop in zip(bounds, bounds[1:], strict=False):
         grads = batched_grad(hidden, targets, work.vectors[start:stop])
         work.fold(start, stop - start, grads)
         if progress is not None:
             progress(stop / total)
-        if on_chunk is not None and stop < total:
+        if on_chunk is not None and lead < stop < total:  # a partial result holds some of the trace
             on_chunk(lambda: work.finish(keep=True), work.done_per_group(stop))
     return work.finish()
+
+
+def chunk_bounds(total: int, lead: int, chunk: int, early: bool) -> list[int]:
+    """Where the chunks of ``total`` directions start and end, at most ``chunk`` each; the first ``lead``
+    are the first moments and probes, then the square directions.
+
+    ``early`` (partial results wanted): the first square directions come in a small chunk, with the
+    lead where the memory budget's chunk has room for both. Where it has not, the lead goes first and
+    the square directions follow: at 32 tokens the lead of SmolLM2 (a probe per distinct token) filled
+    the budget's 26 directions, and a first chunk of it alone gave a partial result with none of the
+    trace. Never above ``chunk``: a larger first chunk touches memory for the first time.
+    """
+    if not early:
+        head = [0]
+    elif lead < chunk:
+        head = [0, lead + min(FIRST_CHUNK, chunk - lead)]
+    else:
+        head = [*range(0, lead, chunk), lead, lead + min(FIRST_CHUNK, chunk)]
+    bounds = [*head, *range(head[-1] + chunk, total, chunk), total]
+    return sorted({min(b, total) for b in bounds})

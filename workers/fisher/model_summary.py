@@ -21,16 +21,14 @@ from backend.vocabulary import SIGNED_STATS
 from workers.fisher import cpu_kernels
 from workers.fisher.concentration import (
     NAMED_FRACTIONS,
+    BinChoice,
     Histogram,
     Stat,
     Threshold,
     concentration_curve,
-    group_by_bin,
     histogram,
     merge,
     plan_thresholds,
-    select_bins,
-    selection_mask,
     thresholds,
 )
 from workers.fisher.grouping import layer_of, module_kind
@@ -93,8 +91,9 @@ def _distinct_stats(sums: MomentSums, stats: tuple[str, ...]) -> list[str]:
 
 
 def _shares(hist: Histogram, named: list[Threshold]) -> dict[str, float]:
+    total = hist.total
     return {
-        f"{q:g}": (t.top_sum / hist.total if hist.total > 0 else 0.0)
+        f"{q:g}": (t.top_sum / total if total > 0 else 0.0)
         for q, t in zip(NAMED_FRACTIONS, named, strict=True)
     }
 
@@ -254,40 +253,38 @@ class _ModelPass:
         for entry, (selected, candidates, concentration) in zip(self.tensors, found, strict=True):
             entry["concentration"] = concentration
             for stat in self.curve:
-                for b in self.model_plans[stat].bins:
-                    members[stat].setdefault(b, []).extend(selected[stat].get(b, []))
+                for b, values in selected[stat].items():
+                    members[stat].setdefault(b, []).append(values)
             for stat, more in candidates.items():
                 self.candidates[stat].extend(more)
         self.model_hists = model_hists
         return {stat: self.model_plans[stat].finish(members[stat]) for stat in self.curve}
 
-    def _second_of(self, name: str) -> tuple[dict[str, dict[int, list[torch.Tensor]]], dict, dict]:
+    def _second_of(self, name: str) -> tuple[dict[str, dict[int, torch.Tensor]], dict, dict]:
         """One tensor's boundary-bin values per curve stat, its top candidates and (for the Fisher) its
         exact named shares. Reads only: ``second`` combines the tensors' results in order."""
         per_tensor = "fisher" in self.hists  # else the Fisher is identically zero: shares 0
         tensor_plan = plan_thresholds(self.hists["fisher"][name], NAMED_FRACTIONS) if per_tensor else None
         concentration = {"fisher": {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}}
-        selected: dict[str, dict[int, list[torch.Tensor]]] = {}
+        selected: dict[str, dict[int, torch.Tensor]] = {}
         candidates: dict[str, list[Candidate]] = {}
         for stat in self.curve:
             own = tensor_plan.bins if tensor_plan and stat == "fisher" else set()
-            wanted = self.model_plans[stat].bins | own
-            hist = self.hists[stat][name]
-            # one pass: the boundary bins' values and, at or above the top bin, the candidates; a tensor
-            # with none of them (its histogram says) is not formed again
-            needed = bool(hist.counts.numpy()[selection_mask(wanted, self.top_bin[stat]).numpy()].any())
-            # not needed: nothing is read, so no thread's scratch buffer is taken for it
-            value = self._stat(stat, name) if needed else self._nothing
-            index, values, bins = select_bins(value, wanted, self.top_bin[stat], hist)
-            found = selected[stat] = {}
-            group_by_bin(values, bins, wanted, found)
+            # one pass: the boundary bins' values and, at or above the top bin, the candidates
+            choice = BinChoice.of(
+                self.hists[stat][name], self.model_plans[stat].bins | own, self.top_bin[stat]
+            )
+            # a tensor with none of them (its histogram says) is not formed again, and takes no scratch
+            selection = choice.select(self._stat(stat, name) if choice.size else self._nothing)
+            boundary = {b: selection.of(b) for b in self.model_plans[stat].bins}
+            selected[stat] = {b: values for b, values in boundary.items() if values.numel()}
             if stat in self.candidates:
-                top = bins >= self.top_bin[stat]
+                index, values = selection.at_or_above(self.top_bin[stat])
                 candidates[stat] = [
-                    (v, name, i, v) for i, v in zip(index[top].tolist(), values[top].tolist(), strict=True)
+                    (v, name, i, v) for i, v in zip(index.tolist(), values.tolist(), strict=True)
                 ]
             if stat == "fisher" and tensor_plan is not None:
-                mine = {b: found.get(b, []) for b in tensor_plan.bins}
+                mine = {b: [selection.of(b)] for b in tensor_plan.bins}
                 concentration = {"fisher": _shares(self.hists["fisher"][name], tensor_plan.finish(mine))}
         return selected, candidates, concentration
 
