@@ -146,7 +146,8 @@ def test_the_first_chunk_for_partial_results_stays_within_the_memory_budget(monk
 
     monkeypatch.setattr(directions, "batched_grad", recording)
     per_direction = sum(t.numel() for t in direction_targets(capture)) * hidden.element_size() * 2
-    for budget_directions, first in ((100, 33), (12, 12)):  # room for the small first chunk, then not
+    small = 1 + directions.FIRST_CHUNK_TOKENS // len(IDS)  # the lead's one direction, then the squares'
+    for budget_directions, first in ((100, small), (12, 12)):  # room for the small first chunk, then not
         sizes.clear()
         backprop_directions(
             capture,
@@ -161,23 +162,22 @@ def test_the_first_chunk_for_partial_results_stays_within_the_memory_budget(monk
 
 
 @pytest.mark.parametrize(
-    ("total", "lead", "chunk", "early", "bounds"),
+    ("total", "lead", "chunk", "first", "bounds"),
     [
-        (41, 1, 100, False, [0, 41]),
-        (41, 1, 100, True, [0, 33, 41]),
-        (41, 1, 12, True, [0, 12, 24, 36, 41]),
-        # the lead fills the budget's chunk: it goes first, then a chunk of square directions
-        (100, 26, 26, True, [0, 26, 52, 78, 100]),
-        (100, 30, 26, True, [0, 26, 30, 56, 82, 100]),
-        (200, 30, 100, True, [0, 62, 162, 200]),
-        (20, 3, 100, True, [0, 20]),
+        (41, 1, 100, None, [0, 41]),
+        (41, 1, 100, 32, [0, 33, 41]),
+        (41, 1, 12, 32, [0, 12, 24, 36, 41]),
+        # the lead fills the budget's chunk: it goes first, then a small chunk of square directions
+        (100, 26, 26, 5, [0, 26, 31, 57, 83, 100]),
+        (100, 30, 26, 32, [0, 26, 30, 56, 82, 100]),
+        (200, 30, 100, 32, [0, 62, 162, 200]),
+        (20, 3, 100, 32, [0, 20]),
     ],
 )
-def test_chunk_bounds(total, lead, chunk, early, bounds):
-    from workers.fisher.directions import FIRST_CHUNK, chunk_bounds
+def test_chunk_bounds(total, lead, chunk, first, bounds):
+    from workers.fisher.directions import chunk_bounds
 
-    assert FIRST_CHUNK == 32
-    got = chunk_bounds(total, lead, chunk, early)
+    got = chunk_bounds(total, lead, chunk, first)
     assert got == bounds
     assert max(b - a for a, b in zip(got, got[1:], strict=False)) <= chunk
 

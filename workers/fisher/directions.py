@@ -31,7 +31,9 @@ from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
 
 Progress = Callable[[float], None]
 ChunkCallback = Callable[[Callable[[], "DirectionResults"], list[int]], None]
-FIRST_CHUNK = 32  # directions in the first chunk when partial results are wanted
+# square directions in the first chunk when partial results are wanted, as direction-tokens: a
+# direction's backward costs in proportion to the context, so 32 directions at 5 tokens, 5 at 32
+FIRST_CHUNK_TOKENS = 160
 # Direct squares: tiles of about this many bytes of per-direction gradient (which form a block takes:
 # backend.square_forms, shared with the cost estimate)
 DIRECT_TILE_BYTES = 2 << 20
@@ -468,7 +470,8 @@ def backprop_directions(
     if progress is not None:
         progress(0.0)
     lead = work.square_offsets[0]
-    bounds = chunk_bounds(total, lead, chunk, early=on_chunk is not None)
+    first = max(1, FIRST_CHUNK_TOKENS // capture.length)
+    bounds = chunk_bounds(total, lead, chunk, first if on_chunk is not None else None)
     for start, stop in zip(bounds, bounds[1:], strict=False):
         grads = batched_grad(hidden, targets, work.vectors[start:stop])
         work.fold(start, stop - start, grads)
@@ -479,21 +482,21 @@ def backprop_directions(
     return work.finish()
 
 
-def chunk_bounds(total: int, lead: int, chunk: int, early: bool) -> list[int]:
+def chunk_bounds(total: int, lead: int, chunk: int, first: int | None) -> list[int]:
     """Where the chunks of ``total`` directions start and end, at most ``chunk`` each; the first ``lead``
     are the first moments and probes, then the square directions.
 
-    ``early`` (partial results wanted): the first square directions come in a small chunk, with the
-    lead where the memory budget's chunk has room for both. Where it has not, the lead goes first and
-    the square directions follow: at 32 tokens the lead of SmolLM2 (a probe per distinct token) filled
-    the budget's 26 directions, and a first chunk of it alone gave a partial result with none of the
-    trace. Never above ``chunk``: a larger first chunk touches memory for the first time.
+    ``first`` (partial results wanted): the first ``first`` square directions come in a small chunk,
+    with the lead where the memory budget's chunk has room for both. Where it has not, the lead goes
+    first and the square directions follow: at 32 tokens the lead of SmolLM2 (a probe per distinct
+    token) filled the budget's 26 directions, and a first chunk of it alone gave a partial result with
+    none of the trace. Never above ``chunk``: a larger first chunk touches memory for the first time.
     """
-    if not early:
+    if first is None:
         head = [0]
     elif lead < chunk:
-        head = [0, lead + min(FIRST_CHUNK, chunk - lead)]
+        head = [0, lead + min(first, chunk - lead)]
     else:
-        head = [*range(0, lead, chunk), lead, lead + min(FIRST_CHUNK, chunk)]
+        head = [*range(0, lead, chunk), lead, lead + min(first, chunk)]
     bounds = [*head, *range(head[-1] + chunk, total, chunk), total]
     return sorted({min(b, total) for b in bounds})
