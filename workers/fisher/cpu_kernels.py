@@ -162,7 +162,7 @@ _BLOCK = 256  # values per block of the two-loop kernels (their buffers stay in 
 @numba.njit(nogil=True, cache=True)
 def _histogram_into(base, extra, mode, shift, counts, sums):  # pragma: no cover - compiled
     # two loops per block: the values and bins first, then the scattered updates. In one loop the
-    # updates ran at 8 ns per value on a 2 GHz EPYC, apart 2.6 (the same updates, in the same order)
+    # updates ran at 8.3 ns per value on a 2 GHz EPYC, apart 3.4-3.9 (the same updates, in the same order)
     bins = np.empty(_BLOCK, np.int32)
     values = np.empty(_BLOCK, np.float64)
     for start in range(0, base.size, _BLOCK):
@@ -378,7 +378,7 @@ def select_grouped(
     come from a histogram of the same values, which is checked. One pass, in one part: the summary runs
     tensors in threads, and a part could not know where its values of a bin start."""
     base, extra, mode = _arrays(terms)
-    size = int(ends.max(initial=0))
+    size = int(ends[-1])  # ends count the chosen values up to each bin
     index, values = np.empty(size, np.int64), np.empty(size, np.float64)
     cursor = starts.copy()
     chosen = starts >= 0
