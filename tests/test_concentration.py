@@ -14,7 +14,9 @@ from workers.fisher.concentration import (
     _bins,
     collect_bins,
     histogram,
+    histograms_in_one_pass,
     select_bins,
+    select_in_one_pass,
     thresholds,
 )
 from workers.fisher.terms import StatTerms
@@ -157,6 +159,55 @@ def test_parts_in_threads_give_what_one_pass_gives(monkeypatch):
     assert torch.equal(hist.counts, one_hist.counts)
     torch.testing.assert_close(hist.sums, one_hist.sums, rtol=1e-12, atol=0.0)
     assert square == pytest.approx(one_square, rel=1e-12)
+
+
+def _three_stats(n: int) -> tuple[StatTerms, StatTerms, StatTerms, torch.Tensor]:
+    """What the summary bins of one tensor off-policy: the Fisher, it plus a sum of squares, it plus the
+    square of a first moment; and that first moment."""
+    fisher = _values(n, seed=11)
+    squares = _values(n, seed=12).clamp_min(0)
+    moment = _values(n, seed=13) - 0.1  # signed
+    return StatTerms(fisher), StatTerms(fisher, squares), StatTerms(fisher, moment, squared=True), moment
+
+
+@pytest.mark.parametrize("stats", [1, 2, 3])
+def test_one_pass_gives_what_a_pass_per_quantity_gives(stats):
+    """Histograms of up to three stats, a sum of squares and a share sum, each array read once: the same
+    counts and float64 sums, bit for bit, as each taken in a pass of its own (the same updates in the
+    same order), and selections of up to three stats in one pass the same as one at a time."""
+    *binned, moment = _three_stats(200_003)
+    binned = binned[:stats]
+    shares = binned[-1] if stats > 1 else StatTerms(binned[0].base, moment.abs())
+    hists, square_sum, share_sum = histograms_in_one_pass(binned, moment, shares)
+    for hist, terms in zip(hists, binned, strict=True):
+        alone = histogram([terms])
+        assert torch.equal(hist.counts, alone.counts)
+        assert torch.equal(hist.sums, alone.sums)
+        assert hist.total_count == alone.total_count
+    assert square_sum == cpu_kernels.square_sum(moment)
+    assert share_sum / moment.numel() == cpu_kernels.extra_share_mean(shares)
+    choices = []
+    for hist in hists:
+        bins = torch.nonzero(hist.counts).flatten()
+        choices.append(BinChoice.of(hist, {int(bins[len(bins) // 2])}, int(bins[-3])))
+    for together, terms, choice in zip(select_in_one_pass(binned, choices), binned, choices, strict=True):
+        alone = choice.select_with_torch(terms)
+        assert torch.equal(together.index, alone.index)
+        assert torch.equal(together.values, alone.values)
+
+
+def test_one_pass_refuses_more_stats_or_arrays_of_other_sizes():
+    *binned, moment = _three_stats(1000)
+    with pytest.raises(ValueError, match="at most 3"):
+        histograms_in_one_pass([*binned, binned[0]])
+    with pytest.raises(ValueError, match="differ in size"):
+        histograms_in_one_pass(binned, moment[:-1])
+    with pytest.raises(ValueError, match="no share"):
+        histograms_in_one_pass(binned, shares=binned[0])
+    hists, _, _ = histograms_in_one_pass(binned)
+    choices = [BinChoice.of(hist, set(), 1) for hist in hists]
+    with pytest.raises(ValueError, match="differ in size"):
+        select_in_one_pass([binned[0], StatTerms(moment[:-1].abs())], choices[:2])
 
 
 @pytest.mark.parametrize("squared", [False, True])

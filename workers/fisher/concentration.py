@@ -41,6 +41,12 @@ class Histogram:
     def total(self) -> float:
         return float(self.sums.sum())
 
+    @staticmethod
+    def binned(counts: torch.Tensor, sums: torch.Tensor, total_count: int) -> Histogram:
+        """From counts and sums per bin; bin 0's sum (zeros, and negatives from rounding) is dropped."""
+        sums[0] = 0.0
+        return Histogram(counts, sums, total_count)
+
 
 Stat = torch.Tensor | StatTerms  # an array, or a sum of arrays binned without being formed
 
@@ -67,8 +73,21 @@ def histogram(chunks: Iterable[Stat]) -> Histogram:
         counts += chunk_counts.to("cpu", torch.float64)
         # negatives (rounding) land in bin 0 with the zeros, and bin 0's sum is dropped below
         sums += chunk_sums.to("cpu", torch.float64)
-    sums[0] = 0.0
-    return Histogram(counts, sums, total)
+    return Histogram.binned(counts, sums, total)
+
+
+def histograms_in_one_pass(
+    binned: list[StatTerms], squared: torch.Tensor | None = None, shares: StatTerms | None = None
+) -> tuple[list[Histogram], float, float]:
+    """CPU arrays of one tensor: the ``histogram`` of each of ``binned`` (at most three), with the sum of
+    squares of ``squared`` and of ``shares``'s extra-term shares, each array read once
+    (``cpu_kernels.tensor_pass``)."""
+    found = cpu_kernels.tensor_pass(binned, _SHIFT, N_BINS, squared, shares)
+    hists = [
+        Histogram.binned(counts, sums, terms.base.numel())
+        for terms, counts, sums in zip(binned, found.counts, found.sums, strict=True)
+    ]
+    return hists, found.square_sum, found.share_sum
 
 
 @dataclass
@@ -151,13 +170,8 @@ class BinChoice:
 
     def select(self, chunk: Stat) -> Selection:
         """The chosen values of ``chunk`` (one pass; not read at all when there are none)."""
-        if self.size == 0:
-            empty = torch.empty(0, dtype=torch.int64)
-            return Selection(self, empty, torch.empty(0, dtype=torch.float64))
-        terms = _terms(chunk)
-        if terms.base.device.type == "cpu":
-            return Selection(self, *cpu_kernels.select_grouped(terms, _SHIFT, self.starts, self.ends))
-        return self.select_with_torch(terms)
+        (selection,) = select_in_one_pass([chunk], [self])
+        return selection
 
     def select_with_torch(self, terms: StatTerms) -> Selection:
         """``select`` in torch's ops: the GPU's path (tested against the compiled one on the CPU)."""
@@ -187,6 +201,22 @@ class Selection:
         """(indices, values) of the chosen values in bins >= b (b >= 1): the selection's tail."""
         start = int(self.choice.ends[b - 1])
         return self.index[start:], self.values[start:]
+
+
+def select_in_one_pass(chunks: list[Stat], choices: list[BinChoice]) -> list[Selection]:
+    """``choice.select(chunk)`` for each pair, the CPU's chunks (of one size, at most three with values
+    chosen) read in one pass; a chunk with no value chosen is not read."""
+    found: dict[int, Selection] = {}
+    read = [k for k, choice in enumerate(choices) if choice.size]
+    terms = {k: _terms(chunks[k]) for k in read}
+    on_cpu = [k for k in read if terms[k].base.device.type == "cpu"]
+    if on_cpu:
+        ranges = [(choices[k].starts, choices[k].ends) for k in on_cpu]
+        picked = cpu_kernels.select_grouped([terms[k] for k in on_cpu], _SHIFT, ranges)
+        found.update({k: Selection(choices[k], *pair) for k, pair in zip(on_cpu, picked, strict=True)})
+    found.update({k: choices[k].select_with_torch(terms[k]) for k in read if k not in found})
+    empty = torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.float64)
+    return [found[k] if k in found else Selection(choice, *empty) for k, choice in enumerate(choices)]
 
 
 def select_bins(

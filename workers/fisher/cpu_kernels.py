@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numba
@@ -35,8 +36,6 @@ from numba.extending import intrinsic
 
 from workers.fisher.terms import NO_EXTRA_TERM, StatTerms
 
-# a stat is base, base + extra or base + extra * extra (``StatTerms``), summed here as torch would
-_BASE, _PLUS, _PLUS_SQUARE = 0, 1, 2
 PART_MIN_VALUES = 1 << 18  # below this a part costs more to hand to a thread than it saves
 _Part = TypeVar("_Part")
 _Item = TypeVar("_Item")
@@ -156,78 +155,149 @@ _AHEAD = 256  # values ahead of the loop that are asked for
 # one request per 64-byte line of float32 (every other line of float64, whose neighbour the hardware
 # fetches with it)
 _LINE_VALUES = 16
-_BLOCK = 256  # values per block of the two-loop kernels (their buffers stay in L1)
+
+
+@numba.njit(inline="always")
+def _ask(array, i):  # pragma: no cover - compiled
+    if array is not None:  # pruned where the argument is None
+        _prefetch(array, i + _AHEAD)  # type: ignore[call-arg]
 
 
 @numba.njit(nogil=True, cache=True)
-def _histogram_into(base, extra, mode, shift, counts, sums):  # pragma: no cover - compiled
-    # two loops per block: the values and bins first, then the scattered updates. In one loop the
-    # updates ran at 8.3 ns per value on a 2 GHz EPYC, apart 3.4-3.9 (the same updates, in the same order)
-    bins = np.empty(_BLOCK, np.int32)
-    values = np.empty(_BLOCK, np.float64)
-    for start in range(0, base.size, _BLOCK):
-        count = min(_BLOCK, base.size - start)
-        for j in range(count):
-            i = start + j
-            v = base[i]  # written out in each loop: a shared inlined helper compiled 6x slower
-            if mode == _PLUS:
-                v = v + extra[i]
-            elif mode == _PLUS_SQUARE:
-                v = v + extra[i] * extra[i]
-            b = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]  # numba supplies the context
-            bins[j] = b if b > 0 else 0  # rounding-level negatives: bin 0, with the zeros
-            values[j] = v
-        for j in range(count):
-            counts[bins[j]] += 1
-            sums[bins[j]] += values[j]
-
-
-@numba.njit(nogil=True, cache=True)
-def _select_grouped(base, extra, mode, shift, chosen, cursor, index, out):  # pragma: no cover - compiled
-    # cursor[b]: where chosen bin b's next value goes. One loop, unlike the histogram's two: few values
-    # are chosen, and the two loops measured 3.5 ns per value against 1.3-2.8
-    for i in range(base.size):
+def _select_into(  # pragma: no cover - compiled
+    size,
+    a, a_plus, a_square, a_index, a_out,
+    b, b_plus, b_square, b_index, b_out,
+    c, c_plus, c_square, c_index, c_out,
+    shift, chosen, cursor,
+):  # fmt: skip
+    # Up to three stats (a, b, c: base, + plus, + square * square; None: switched off), each value in
+    # a chosen bin of its stat written where cursor[stat, bin] says. One loop, unlike a two-loop form
+    # (values, then writes, per block): few values are chosen, and that form measured 3.5 ns per value
+    # against 1.3-2.8 on a 2 GHz EPYC. Written out per stat: a shared inlined helper taking the arrays
+    # ran at 40 ns per value
+    for i in range(size):
         if i % _LINE_VALUES == 0:
-            _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
-            if mode != _BASE:
-                _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
-        v = base[i]
-        if mode == _PLUS:
-            v = v + extra[i]
-        elif mode == _PLUS_SQUARE:
-            v = v + extra[i] * extra[i]
-        b = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
-        if b > 0 and chosen[b]:
-            at = cursor[b]
-            if at < out.size:  # past the end only with a histogram of other values
-                index[at] = i
-                out[at] = v
-                cursor[b] = at + 1
-
-
-@numba.njit(nogil=True, cache=True)
-def _square_sum(values):  # pragma: no cover - compiled
-    total = 0.0
-    for i in range(values.size):
-        if i % _LINE_VALUES == 0:
-            _prefetch(values, i + _AHEAD)  # type: ignore[call-arg]
-        total += np.float64(values[i]) * np.float64(values[i])
-    return total
+            _ask(a, i), _ask(a_plus, i), _ask(a_square, i), _ask(b, i), _ask(b_plus, i), _ask(b_square, i)
+            _ask(c, i), _ask(c_plus, i), _ask(c_square, i)
+        if a is not None:
+            v = a[i]
+            if a_plus is not None:
+                v = v + a_plus[i]
+            if a_square is not None:
+                v = v + a_square[i] * a_square[i]
+            k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
+            if k > 0 and chosen[0, k]:
+                at = cursor[0, k]
+                if at < a_out.size:  # past the end only with a histogram of other values
+                    a_index[at] = i
+                    a_out[at] = v
+                    cursor[0, k] = at + 1
+        if b is not None:
+            v = b[i]
+            if b_plus is not None:
+                v = v + b_plus[i]
+            if b_square is not None:
+                v = v + b_square[i] * b_square[i]
+            k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
+            if k > 0 and chosen[1, k]:
+                at = cursor[1, k]
+                if at < b_out.size:  # past the end only with a histogram of other values
+                    b_index[at] = i
+                    b_out[at] = v
+                    cursor[1, k] = at + 1
+        if c is not None:
+            v = c[i]
+            if c_plus is not None:
+                v = v + c_plus[i]
+            if c_square is not None:
+                v = v + c_square[i] * c_square[i]
+            k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
+            if k > 0 and chosen[2, k]:
+                at = cursor[2, k]
+                if at < c_out.size:  # past the end only with a histogram of other values
+                    c_index[at] = i
+                    c_out[at] = v
+                    cursor[2, k] = at + 1
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")  # x / 0 is inf or nan, as in torch
-def _extra_share_sum(base, extra, squared):  # pragma: no cover - compiled
-    total = 0.0
-    for i in range(base.size):
+def _tensor_pass_into(  # pragma: no cover - compiled
+    size,
+    a,
+    a_plus,
+    a_square,
+    b,
+    b_plus,
+    b_square,
+    c,
+    c_plus,
+    c_square,
+    q,
+    r,
+    r_plus,
+    r_square,
+    shift,
+    counts,
+    sums,
+):
+    # Up to three histograms (stats a, b, c: base, + plus, + square * square), a float64 sum of squares
+    # (q) and a sum of extra-term shares (r: base, plus or square), in one pass over the arrays they
+    # share. An argument that is None is a part switched off: numba compiles each pattern of Nones
+    # apart, with its branches removed. The updates of each part are those of a pass of its own, in
+    # the same order, so the sums do not depend on what else is computed with them.
+    # One loop, not values then updates per block: on an AVX-512 EPYC the block form ran at 3.0-3.7 ns
+    # per histogram value, this one at 1.0-1.8 (all parts of SmolLM2's on-policy summary: 2.3-3.4 ns)
+    square_total = 0.0
+    share_total = 0.0
+    for i in range(size):
         if i % _LINE_VALUES == 0:
-            _prefetch(base, i + _AHEAD)  # type: ignore[call-arg]
-            _prefetch(extra, i + _AHEAD)  # type: ignore[call-arg]
-        e = extra[i]
-        whole = base[i] + e * e if squared else base[i] + e
-        share = e / whole * e if squared else e / whole  # as StatTerms.extra_share, rounding included
-        if np.isfinite(share):  # 0/0 -> 0: a zero sum has zero terms
-            total += share
-    return total
+            _ask(a, i), _ask(a_plus, i), _ask(a_square, i), _ask(b, i), _ask(b_plus, i), _ask(b_square, i)
+            _ask(c, i), _ask(c_plus, i), _ask(c_square, i), _ask(q, i), _ask(r, i), _ask(r_plus, i)
+            _ask(r_square, i)
+        if a is not None:
+            v = a[i]
+            if a_plus is not None:
+                v = v + a_plus[i]
+            if a_square is not None:
+                v = v + a_square[i] * a_square[i]
+            k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]  # numba supplies the context
+            k = k if k > 0 else 0  # rounding-level negatives: bin 0, with the zeros
+            counts[0, k] += 1
+            sums[0, k] += v
+        if b is not None:
+            v = b[i]
+            if b_plus is not None:
+                v = v + b_plus[i]
+            if b_square is not None:
+                v = v + b_square[i] * b_square[i]
+            k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
+            k = k if k > 0 else 0
+            counts[1, k] += 1
+            sums[1, k] += v
+        if c is not None:
+            v = c[i]
+            if c_plus is not None:
+                v = v + c_plus[i]
+            if c_square is not None:
+                v = v + c_square[i] * c_square[i]
+            k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
+            k = k if k > 0 else 0
+            counts[2, k] += 1
+            sums[2, k] += v
+        if q is not None:
+            square_total += np.float64(q[i]) * np.float64(q[i])
+        if r is not None:
+            share = np.float64(0.0)
+            if r_plus is not None:
+                e = r_plus[i]
+                share = e / (r[i] + e)  # as StatTerms.extra_share, rounding included
+            if r_square is not None:
+                e = r_square[i]
+                share = e / (r[i] + e * e) * e
+            if np.isfinite(share):  # 0/0 -> 0: a zero sum has zero terms
+                share_total += share
+    return square_total, share_total
 
 
 @numba.njit(nogil=True, cache=True)
@@ -328,61 +398,155 @@ def _flat(tensor: torch.Tensor) -> np.ndarray:
     return _compiled(tensor.detach()).reshape(-1).contiguous().numpy()
 
 
+@dataclass(frozen=True)
+class TensorPass:
+    """What ``tensor_pass`` found: float64 counts and sums per bin of each stat (bin = float32 bits >>
+    shift, < 0 -> 0), the float64 sum of squares and the sum of extra-term shares."""
+
+    counts: list[torch.Tensor]
+    sums: list[torch.Tensor]
+    square_sum: float
+    share_sum: float
+
+
+def tensor_pass(
+    binned: Sequence[StatTerms],
+    shift: int,
+    n_bins: int,
+    squared: torch.Tensor | None = None,
+    shares: StatTerms | None = None,
+) -> TensorPass:
+    """Histograms of up to three stats, the sum of squares of ``squared`` and the sum of ``shares``'s
+    extra-term shares (``StatTerms.extra_share``), over CPU arrays of one size, each array read once.
+
+    Why one pass: the summary takes all of these of every tensor; apart, each re-read the arrays it
+    shares with the others and paid the loop's overhead again (SmolLM2's on-policy first pass: 2.3-3.4
+    ns per coordinate together, 4.4-6.4 apart, on an AVX-512 EPYC).
+    """
+    if len(binned) > _BINNED_MAX:
+        raise ValueError(f"at most {_BINNED_MAX} stats are binned in one pass, not {len(binned)}")
+    if shares is not None and shares.extra is None:
+        raise ValueError(NO_EXTRA_TERM)
+    slots = [_slot(terms) for terms in binned] + [(None, None, None)] * (_BINNED_MAX - len(binned))
+    q = None if squared is None else _flat(squared)
+    r = (None, None, None) if shares is None else _slot(shares)
+    present = [array for slot in (*slots, r) for array in slot if array is not None]
+    present += [] if q is None else [q]
+    size = present[0].size if present else 0
+    if any(array.size != size for array in present):
+        raise ValueError("the arrays of one pass differ in size")
+
+    def part(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+        counts, sums = np.zeros((_BINNED_MAX, n_bins), np.int64), np.zeros((_BINNED_MAX, n_bins), np.float64)
+        (a, a_plus, a_square), (b, b_plus, b_square), (c, c_plus, c_square), (r_base, r_plus, r_square) = (
+            [_cut(array, lo, hi) for array in slot] for slot in (*slots, r)
+        )
+        square, share = _tensor_pass_into(
+            hi - lo,
+            a,
+            a_plus,
+            a_square,
+            b,
+            b_plus,
+            b_square,
+            c,
+            c_plus,
+            c_square,
+            _cut(q, lo, hi),
+            r_base,
+            r_plus,
+            r_square,
+            shift,
+            counts,
+            sums,
+        )
+        return counts, sums, square, share
+
+    parts = _in_parts(size, part)
+    counts, sums, square, share = parts[0]
+    for more_counts, more_sums, more_square, more_share in parts[1:]:
+        counts += more_counts
+        sums += more_sums
+        square += more_square
+        share += more_share
+    found = range(len(binned))
+    return TensorPass(
+        [torch.from_numpy(counts[k].astype(np.float64)) for k in found],
+        [torch.from_numpy(sums[k]) for k in found],
+        square,
+        share,
+    )
+
+
+def _cut(array: np.ndarray | None, lo: int, hi: int) -> np.ndarray | None:
+    return None if array is None else array[lo:hi]
+
+
+_BINNED_MAX = 3  # the summary's curve stats: the Fisher, the uncentered and the raw Fisher
+
+
+def _slot(terms: StatTerms) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(base, the extra term added, the extra term added squared): one of the last two is None."""
+    base = _flat(terms.base)
+    if terms.extra is None:
+        return base, None, None
+    extra = _flat(terms.extra)
+    return (base, None, extra) if terms.squared else (base, extra, None)
+
+
 def square_sum(value: torch.Tensor) -> float:
     """sum of squares of a CPU tensor, each square and the sum in float64."""
-    flat = _flat(value)
-    return float(sum(_in_parts(flat.size, lambda lo, hi: _square_sum(flat[lo:hi]))))
+    return tensor_pass([], 0, 1, squared=value).square_sum
 
 
 def extra_share_mean(terms: StatTerms) -> float:
     """The mean of ``terms.extra_share()`` over a CPU tensor, summed in float64, nothing formed."""
     if terms.extra is None:
         raise ValueError(NO_EXTRA_TERM)
-    base, extra, _ = _arrays(terms)
-    squared = terms.squared
-    total = sum(_in_parts(base.size, lambda lo, hi: _extra_share_sum(base[lo:hi], extra[lo:hi], squared)))
-    return total / base.size if base.size else 0.0
-
-
-def _arrays(terms: StatTerms) -> tuple[np.ndarray, np.ndarray, int]:
-    """base, extra (base again when there is none: never read) and the mode, flat."""
-    base = _flat(terms.base)
-    if terms.extra is None:
-        return base, base, _BASE
-    extra = _flat(terms.extra)
-    return base, extra, _PLUS_SQUARE if terms.squared else _PLUS
+    size = terms.base.numel()
+    return tensor_pass([], 0, 1, shares=terms).share_sum / size if size else 0.0
 
 
 def histogram(terms: StatTerms, shift: int, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 counts and sums per bin of a stat on the CPU (bin = float32 bits >> shift, < 0 -> 0)."""
-    base, extra, mode = _arrays(terms)
-
-    def part(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        counts, sums = np.zeros(n_bins, np.int64), np.zeros(n_bins, np.float64)
-        _histogram_into(base[lo:hi], extra[lo:hi], mode, shift, counts, sums)
-        return counts, sums
-
-    parts = _in_parts(base.size, part)
-    counts, sums = parts[0]
-    for more_counts, more_sums in parts[1:]:
-        counts += more_counts
-        sums += more_sums
-    return torch.from_numpy(counts.astype(np.float64)), torch.from_numpy(sums)
+    found = tensor_pass([terms], shift, n_bins)
+    return found.counts[0], found.sums[0]
 
 
 def select_grouped(
-    terms: StatTerms, shift: int, starts: np.ndarray, ends: np.ndarray
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(flat indices, float64 values) of a stat's values on the CPU in chosen bins (> 0), grouped by bin:
-    bin b's values go to [starts[b], ends[b]) in index order (starts[b] = -1: not chosen). The ranges
-    come from a histogram of the same values, which is checked. One pass, in one part: the summary runs
-    tensors in threads, and a part could not know where its values of a bin start."""
-    base, extra, mode = _arrays(terms)
-    size = int(ends[-1])  # ends count the chosen values up to each bin
-    index, values = np.empty(size, np.int64), np.empty(size, np.float64)
-    cursor = starts.copy()
-    chosen = starts >= 0
-    _select_grouped(base, extra, mode, shift, chosen, cursor, index, values)
-    if not np.array_equal(cursor[chosen], ends[chosen]):
-        raise ValueError("the histogram is not the selected values' own: its counts differ")
-    return torch.from_numpy(index), torch.from_numpy(values)
+    binned: Sequence[StatTerms], shift: int, ranges: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each of up to three stats of CPU arrays of one size: (flat indices, float64 values) of its
+    values in chosen bins (> 0), grouped by bin: bin b's values go to [starts[b], ends[b]) of that
+    stat's ``ranges``, in index order (starts[b] = -1: not chosen). The ranges come from a histogram of
+    the same values, which is checked. One pass over the arrays the stats share, in one part: the
+    summary runs tensors in threads, and a part could not know where its values of a bin start."""
+    if len(binned) > _BINNED_MAX or len(ranges) != len(binned):
+        raise ValueError(f"one range pair per stat, and at most {_BINNED_MAX} stats in one pass")
+    chosen = np.zeros((_BINNED_MAX, ranges[0][0].size if ranges else 1), dtype=np.bool_)
+    cursor = np.zeros(chosen.shape, np.int64)
+    slots: list[tuple[np.ndarray | None, ...]] = []
+    for k, (terms, (starts, ends)) in enumerate(zip(binned, ranges, strict=True)):
+        size = int(ends[-1])  # ends count the chosen values up to each bin
+        chosen[k], cursor[k] = starts >= 0, starts
+        slots.append((*_slot(terms), np.empty(size, np.int64), np.empty(size, np.float64)))
+    slots += [(None,) * 5] * (_BINNED_MAX - len(slots))
+    (a, a_plus, a_square, a_index, a_out), (b, b_plus, b_square, b_index, b_out) = slots[:2]
+    c, c_plus, c_square, c_index, c_out = slots[2]
+    size = 0 if a is None else a.size
+    if any(array is not None and array.size != size for slot in slots for array in slot[:3]):
+        raise ValueError("the arrays of one pass differ in size")
+    _select_into(
+        size,
+        a, a_plus, a_square, a_index, a_out,
+        b, b_plus, b_square, b_index, b_out,
+        c, c_plus, c_square, c_index, c_out,
+        shift, chosen, cursor,
+    )  # fmt: skip
+    found = []
+    for k, (_, ends) in enumerate(ranges):
+        if not np.array_equal(cursor[k][chosen[k]], ends[chosen[k]]):
+            raise ValueError("the histogram is not the selected values' own: its counts differ")
+        index, values = slots[k][3:]
+        found.append((torch.from_numpy(index), torch.from_numpy(values)))
+    return found

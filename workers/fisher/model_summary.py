@@ -23,12 +23,15 @@ from workers.fisher.concentration import (
     NAMED_FRACTIONS,
     BinChoice,
     Histogram,
+    Selection,
     Stat,
     Threshold,
     concentration_curve,
     histogram,
+    histograms_in_one_pass,
     merge,
     plan_thresholds,
+    select_in_one_pass,
     thresholds,
 )
 from workers.fisher.grouping import layer_of, module_kind
@@ -57,6 +60,15 @@ class _First:
     totals: dict[str, float]
     hists: dict[str, Histogram]  # per curve stat
     candidates: dict[str, list[Candidate]]  # per top stat without a curve
+
+
+@dataclass
+class _Joint:
+    """What one pass over a tensor's stored arrays finds (``_ModelPass._joint``)."""
+
+    hists: dict[str, Histogram]  # per curve stat that is a sum of stored arrays
+    squares: dict[str, float]  # a stat whose totals are its float64 sum of squares
+    rho_mean: float | None  # None: not taken
 
 
 _Result = TypeVar("_Result")
@@ -160,20 +172,29 @@ class _ModelPass:
     def first(self, name: str) -> _First:
         """Totals, histograms and (for stats without a curve) top candidates of one tensor.
 
-        Each stat is formed once, into this thread's scratch buffer, and everything it feeds is taken
-        from it before the next one is formed. Reads only: ``record_first`` keeps the result.
+        On the CPU the curve stats' histograms, one squared total and rho's mean come from one pass
+        over the arrays they share (``_joint``). Any other stat is formed once, into this thread's
+        scratch buffer, and everything it feeds is taken from it before the next one is formed.
+        Reads only: ``record_first`` keeps the result.
         """
         sums = self.sums
+        joint = self._joint(name) if sums.device.type == "cpu" else _Joint({}, {}, None)
         found: dict[str, float] = {}
-        hists: dict[str, Histogram] = {}
+        hists: dict[str, Histogram] = dict(joint.hists)
         candidates: dict[str, list[Candidate]] = {}
         for stat in self.formed:
             if stat in self.curve:
                 # binned from its terms, unformed; its totals are the histogram's (float64) sums, and its
                 # top coordinates are found in the second pass
-                hist = hists[stat] = histogram([self._stat(stat, name)])
+                if stat not in hists:
+                    hists[stat] = histogram([self._stat(stat, name)])
+                hist = hists[stat]
                 for alias in self.aliases[stat]:
                     found[self.totals_of[alias][0]] = hist.total
+                continue
+            if stat in joint.squares:
+                for alias in self.aliases[stat]:
+                    found[self.totals_of[alias][0]] = joint.squares[stat]
                 continue
             value = sums.stat(stat, name, out=self.scratch)
             for alias in self.aliases[stat]:
@@ -181,9 +202,38 @@ class _ModelPass:
                 found[key] = self._total(value, squared)
             if stat in self.top_stats:
                 candidates[stat] = _top_candidates(name, value, stat in SIGNED_STATS)
-        found["rho_mean"] = self._rho_mean(name)
+        found["rho_mean"] = self._rho_mean(name) if joint.rho_mean is None else joint.rho_mean
         # the order of the contract's totals; a stat zero by construction was never formed: 0
         return _First({key: found.get(key, 0.0) for key in self.total_keys}, hists, candidates)
+
+    def _joint(self, name: str) -> _Joint:
+        """The one pass of ``first`` on the CPU: the curve stats that are sums of stored arrays, the first
+        stat whose totals are only a sum of squares of a stored array, and rho's mean."""
+        sums = self.sums
+        binned = {stat: terms for stat in self.curve if (terms := sums.terms(stat, name)) is not None}
+        squared = next(
+            (
+                stat
+                for stat in self.formed
+                if stat not in self.curve
+                and stat not in self.top_stats
+                and self.aliases[stat]
+                and all(self.totals_of[alias][1] for alias in self.aliases[stat])
+                and (terms := sums.terms(stat, name)) is not None
+                and terms.extra is None
+            ),
+            None,
+        )
+        rho = sums.rho_terms(name)
+        hists, square_sum, share_sum = histograms_in_one_pass(
+            list(binned.values()), None if squared is None else sums.stat(squared, name), rho
+        )
+        size = math.prod(sums.shapes[name])
+        return _Joint(
+            dict(zip(binned, hists, strict=True)),
+            {} if squared is None else {squared: square_sum},
+            share_sum / size if size else 0.0,
+        )
 
     def record_first(self, name: str, first: _First) -> None:
         """Keep one tensor's first-pass results (tensors in order: sums are summed in that order)."""
@@ -268,14 +318,16 @@ class _ModelPass:
         concentration = {"fisher": {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}}
         selected: dict[str, dict[int, torch.Tensor]] = {}
         candidates: dict[str, list[Candidate]] = {}
-        for stat in self.curve:
-            own = tensor_plan.bins if tensor_plan and stat == "fisher" else set()
-            # one pass: the boundary bins' values and, at or above the top bin, the candidates
-            choice = BinChoice.of(
-                self.hists[stat][name], self.model_plans[stat].bins | own, self.top_bin[stat]
+        choices = {
+            stat: BinChoice.of(
+                self.hists[stat][name],
+                self.model_plans[stat].bins
+                | (tensor_plan.bins if tensor_plan and stat == "fisher" else set()),
+                self.top_bin[stat],  # everything at or above it: the candidates
             )
-            # a tensor with none of them (its histogram says) is not formed again, and takes no scratch
-            selection = choice.select(self._stat(stat, name) if choice.size else self._nothing)
+            for stat in self.curve
+        }
+        for stat, selection in self._selections(name, choices).items():
             boundary = {b: selection.of(b) for b in self.model_plans[stat].bins}
             selected[stat] = {b: values for b, values in boundary.items() if values.numel()}
             if stat in self.candidates:
@@ -287,6 +339,18 @@ class _ModelPass:
                 mine = {b: [selection.of(b)] for b in tensor_plan.bins}
                 concentration = {"fisher": _shares(self.hists["fisher"][name], tensor_plan.finish(mine))}
         return selected, candidates, concentration
+
+    def _selections(self, name: str, choices: dict[str, BinChoice]) -> dict[str, Selection]:
+        """Each curve stat's chosen values of one tensor: the stats that are sums of stored arrays in one
+        pass, any other formed in the scratch in turn (a tensor with none chosen is not formed)."""
+        stored = {stat: terms for stat in choices if (terms := self.sums.terms(stat, name)) is not None}
+        found = dict(
+            zip(stored, select_in_one_pass(list(stored.values()), [choices[s] for s in stored]), strict=True)
+        )
+        for stat, choice in choices.items():
+            if stat not in found:
+                found[stat] = choice.select(self._stat(stat, name) if choice.size else self._nothing)
+        return {stat: found[stat] for stat in choices}
 
 
 class _ScratchPool:
