@@ -211,3 +211,36 @@ def test_partial_results_come_only_once_square_directions_are_in():
     )
     # chunks [0, 4), [4, 5), [5, 9), [9, 13), [13, 15): none after the lead, none after the last
     assert done == [[4], [8]]
+
+
+def test_chunks_and_snapshots_between_them_give_the_squares_of_one_chunk():
+    """Ghost moments summed chunk by chunk (the compiled loop adding into the earlier chunks' moments)
+    and snapshots taken between chunks: the same squares as all directions in one chunk."""
+    from workers.fisher.directions import SquareGroup, _SquareAccumulator, backprop_directions
+
+    model = tiny_model("llama")
+    capture = capture_forward(model, IDS)
+    hidden = capture.hidden[-1]
+    generator = torch.Generator().manual_seed(3)
+    vectors = torch.randn(10, hidden.shape[0], generator=generator, dtype=hidden.dtype)
+    weights = torch.rand(10, generator=generator, dtype=hidden.dtype)
+    per_direction = sum(t.numel() for t in direction_targets(capture)) * hidden.element_size() * 2
+    assert _SquareAccumulator(capture, 10, per_direction * 10).ghost_blocks  # the ghost form is in play
+
+    def run(budget_directions: int, snapshots: list) -> dict[str, torch.Tensor]:
+        results = backprop_directions(
+            capture,
+            len(IDS) - 1,
+            [SquareGroup("fisher", vectors, weights)],
+            [],
+            [],
+            memory_budget_bytes=budget_directions * per_direction,
+            on_chunk=lambda snapshot, counts: snapshots.append(snapshot()),
+        )
+        return results.squares["fisher"]
+
+    taken: list = []
+    whole, chunked = run(64, []), run(3, taken)
+    assert len(taken) >= 3
+    for name, value in whole.items():
+        torch.testing.assert_close(chunked[name], value, rtol=1e-12, atol=1e-14)

@@ -316,15 +316,23 @@ def _pair_moments_into(delta, weights, out):  # pragma: no cover - compiled
                 pair += 1
 
 
-def pair_moments(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def pair_moments(
+    delta: torch.Tensor, weights: torch.Tensor, into: torch.Tensor | None = None
+) -> torch.Tensor:
     """[pairs, o]: sum_b w_b delta[b, r, o] delta[b, s, o] for the pairs r <= s in row-major order, in
-    delta's dtype (as torch's matrix-vector product sums them)."""
+    delta's dtype (as torch's matrix-vector product sums them); added into ``into`` (earlier chunks'
+    moments, returned) where it is the loop's dtype: no new array to zero and add (at 32 tokens on
+    SmolLM2 those were a third of the loop's own time)."""
     count, rows, width = delta.shape
     values = _compiled(delta.detach()).contiguous()
-    out = torch.zeros(rows * (rows + 1) // 2, width, dtype=values.dtype)
     weights = weights.detach().to(values.dtype).contiguous()
+    if into is not None and into.dtype == values.dtype and into.is_contiguous():
+        _pair_moments_into(values.numpy(), weights.numpy(), into.numpy())
+        return into
+    out = torch.zeros(rows * (rows + 1) // 2, width, dtype=values.dtype)
     _pair_moments_into(values.numpy(), weights.numpy(), out.numpy())
-    return out.to(delta.dtype)
+    out = out.to(delta.dtype)
+    return out if into is None else into.add_(out)
 
 
 @numba.njit(nogil=True, cache=True)
