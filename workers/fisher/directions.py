@@ -379,8 +379,9 @@ class _DirectionPass:
         self, start: int, deltas: list[torch.Tensor]
     ) -> dict[tuple[int, _SquareAccumulator], torch.Tensor]:
         """(block, square group's accumulator) -> the block's ghost moments so far, this chunk's included,
-        for the blocks whose moments are a compiled loop. Those loops run in threads, blocks shared among them: each runs on one core,
-        and at short contexts they were 0.3 s of SmolLM2's 5-token direction pass, the other core idle."""
+        for the blocks whose moments are a compiled loop. Those loops run in threads, blocks shared
+        among them: each runs on one core, and at short contexts they were 0.3 s of SmolLM2's 5-token
+        direction pass, the other core idle."""
         items = [
             (index, acc, local, weights)
             for index, delta in enumerate(deltas)
