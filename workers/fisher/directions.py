@@ -116,10 +116,12 @@ def _ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return m_pairs.T @ features  # [o, i]
 
 
-# up to here M's pairs by rows (a compiled loop, one core) beat a batch of tiny Grams (one per output): on
-# an AVX-512 EPYC, 25 directions, one core, 32 rows: 0.76 against 1.84 ms for 576 outputs, 2.15 against
-# 2.63 for 1536; at 64 rows they tie (12 on the machine this was first measured on)
-GHOST_ROWWISE_MAX_ROWS = 32
+# up to here M's pairs by rows (a compiled loop, one core, blocks shared among threads) beat a batch of
+# tiny Grams (one per output), and keep half the memory ([pairs, o], not [o, r, r]), so that more blocks
+# take the ghost form within its budget. On an AVX-512 EPYC, 25 directions, one core, 32 rows: 0.76
+# against 1.84 ms for 576 outputs, 2.15 against 2.63 for 1536; 64 rows: a tie. SmolLM2 exact at 64
+# tokens: 143 s with Grams past 32 rows, 116 s with rows up to 64 (12 on the machine first measured)
+GHOST_ROWWISE_MAX_ROWS = 64
 
 
 def _ghost_moments(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

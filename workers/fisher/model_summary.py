@@ -1,10 +1,11 @@
 """What the dashboard reads of the whole model: totals per tensor, layer and kind, concentration
 curves, top coordinates and the top-q overlap of Fisher and policy gradient.
 
-Two passes over the tensors, each stat of each tensor formed once per pass: pass 1 takes totals,
-histograms (``concentration``) and the top candidates of stats without a curve; pass 2 reads only the
-boundary bins, for the exact named shares per tensor (Fisher) and over the model, and the top
-coordinates of the curve stats.
+Two passes over the tensors: pass 1 takes totals, histograms (``concentration``) and the top
+candidates of stats without a curve; pass 2 keeps only the values in the boundary bins, for the exact
+named shares per tensor (Fisher) and over the model, and the top coordinates of the curve stats. On the
+CPU each pass reads a tensor's stored arrays once for every stat that is a sum of them (the Fisher, the
+uncentered and raw Fisher, a sum of squares, rho); a stat that has to be formed is formed once per pass.
 """
 
 from __future__ import annotations
