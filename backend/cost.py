@@ -28,14 +28,16 @@ class SizedModel(Protocol):
 # against its memory, the larger these are (README, Speed). Fitted on a 2-core AVX-512 AMD EPYC
 # (matmuls at 110-160 GFLOP/s) to two runs of the benchmark, the second 25-30% faster throughout (the
 # machine is shared); on a 2-core AVX-512 Intel Xeon (340-390 GFLOP/s) they were 1.9, 100, 180, 8.6 and
-# 4300 (fitted there), and these would estimate about half the time measured there.
+# 4300 (fitted there), and these would estimate about half the time measured there. Refitted on the
+# AVX-512 EPYC to one run at 135-180 GFLOP/s after the summary got 2x faster (summary 1100 -> 600) and the
+# ghost moments cheaper: the per-token term, 102 -> 130, also carries the probe directions a tied model
+# sends per distinct context token, not counted in r (README, Speed), so long responses, whose probes
+# grow with their length, are the least well estimated (0.83x at 5 + 64 tokens).
 DIRECTION_EFFICIENCY = 1.22  # the batched backward and the block squares against 2 r P t at the matmul rate
 POSITION_FLOPS_PER_PARAM = 200  # per analysed position: forward, C_mu, the moments folded into the sums
-CONTEXT_TOKEN_FLOPS_PER_PARAM = 102  # per context token of each position: activations kept for the pass
+CONTEXT_TOKEN_FLOPS_PER_PARAM = 130  # per context token of each position: activations kept, probes
 GHOST_PAIR_FLOPS_PER_PARAM = 4.3  # times n (n + 1) per position in the ghost form: its squares, M
-# once, measured: totals, concentration curves, top coordinates; 1100 until the summary's passes read each
-# tensor's arrays once for all their quantities (0.5 s on SmolLM2 at 150-180 GFLOP/s on the AVX-512 EPYC)
-SUMMARY_FLOPS_PER_PARAM = 600
+SUMMARY_FLOPS_PER_PARAM = 600  # once, measured: totals, concentration curves, top coordinates
 
 
 def context_lengths(job: AnalysisJob) -> list[int]:
