@@ -124,20 +124,28 @@ def _ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 GHOST_ROWWISE_MAX_ROWS = 64
 
 
-def _ghost_moments(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def _ghost_moments(
+    delta: torch.Tensor, weights: torch.Tensor, into: torch.Tensor | None = None
+) -> torch.Tensor:
     """M[o, r, s] = sum_b w_b delta[b, r, o] delta[b, s, o] (w >= 0): with few rows its pairs r <= s only
     ([pairs, o]), with many the whole [o, r, r] (picking the pairs out of each chunk's Grams costs more
-    than the Grams; they are picked once, in ``_ghost_squares``). Chunks add up in either layout.
+    than the Grams; they are picked once, in ``_ghost_squares``). Chunks add up in either layout: with
+    ``into`` (the earlier chunks' M), this chunk's is added into it and it is returned.
 
     Why two ways: with few rows, each row's products with the rows after it are summed while they are
     in cache (a compiled loop on the CPU, a matrix-vector product per row on the GPU); a broadcast over
     all pairs at once writes b r^2 o floats, and reading them back was most of a short prefix's
     direction pass. With many rows, one small Gram per output (a batched matmul) costs less.
     """
+    if _ghost_moments_compiled(delta):  # the loop adds into the earlier chunks' M itself
+        return cpu_kernels.pair_moments(delta, weights.clamp_min(0), into)
     rows = delta.shape[1]
-    if rows > GHOST_ROWWISE_MAX_ROWS:
-        return _pair_moments_by_grams(delta, weights)
-    return _pair_moments_by_rows(delta, weights)
+    m = (
+        _pair_moments_by_grams(delta, weights)
+        if rows > GHOST_ROWWISE_MAX_ROWS
+        else _pair_moments_by_rows(delta, weights)
+    )
+    return m if into is None else into.add_(m)
 
 
 def _ghost_moments_compiled(delta: torch.Tensor) -> bool:
@@ -232,16 +240,11 @@ class _SquareAccumulator:
         ``moments``: this block's ghost moments so far, this chunk's included, when they were formed
         already (``_compiled_ghost_moments``)."""
         if index in self.ghost_blocks:
-            if moments is not None:  # the earlier chunks' moments are in them
-                self.ghost.pop(index, None)
-                m = moments
-            else:
-                m = _ghost_moments(delta, weights)
-                if index in self.ghost:
-                    m = m.add_(self.ghost.pop(index))
+            m = moments if moments is not None else _ghost_moments(delta, weights, self.ghost.get(index))
             if not last:
                 self.ghost[index] = m
                 return
+            self.ghost.pop(index, None)
             value = _ghost_squares(m, block.feature)
             self.sums.add(block.name, value.T if block.transposed else value, block.slice)
             return
@@ -394,9 +397,7 @@ class _DirectionPass:
         sizes = [deltas[index][local].numel() for index, _, local, _ in items]
         found = cpu_kernels.each_in_threads(
             # into the block's moments of earlier chunks: each (block, group) is one item, one thread
-            lambda item: cpu_kernels.pair_moments(
-                deltas[item[0]][item[2]], item[3].clamp_min(0), into=item[1].ghost.get(item[0])
-            ),
+            lambda item: _ghost_moments(deltas[item[0]][item[2]], item[3], item[1].ghost.get(item[0])),
             items,
             sizes,
         )

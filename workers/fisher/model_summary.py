@@ -270,9 +270,7 @@ class _ModelPass:
         return terms if terms is not None else self.sums.stat(stat, name, out=self.scratch)
 
     def _rho_mean(self, name: str) -> float:
-        terms = self.sums.rho_terms(name)
-        if terms.base.device.type == "cpu":  # one compiled pass, no ratio array
-            return cpu_kernels.extra_share_mean(terms)
+        """Off the CPU (on it, ``_joint`` takes rho's mean in its pass)."""
         return float(self.sums.stat("rho", name, out=self.scratch).mean())
 
     @staticmethod
