@@ -299,3 +299,29 @@ def test_an_error_in_one_item_reaches_the_caller_after_every_thread_stopped():
     seen = len(started)
     time.sleep(0.05)
     assert len(started) == seen < 40  # nothing runs on after the call, and the rest were not started
+
+
+@pytest.mark.parametrize("extra", [None, "plus", "square"])
+@pytest.mark.parametrize("shape", [(37, 23), (50,), (6, 4, 5), (300, 7)])
+def test_pooled_views_from_terms_are_torchs_block_sums(shape, extra):
+    """The compiled pass over a stat's terms gives the block sums torch's ops give on the formed stat
+    (the GPU's path), in the same order of additions."""
+    from workers.fisher.pooling import block_edges, block_sums_with_torch, grid_shape, pooled_view
+
+    size = math.prod(shape)
+    base = _values(size, seed=3).reshape(shape)
+    more = None if extra is None else _values(size, seed=4).reshape(shape) - 0.5
+    terms = StatTerms(base, more, squared=extra == "square")
+    view = pooled_view(terms, max_rows=8, max_cols=5)
+    rows, cols = grid_shape(shape)
+    want = block_sums_with_torch(terms.formed().reshape(rows, cols), block_edges(rows, 8), block_edges(cols, 5))
+    assert torch.equal(torch.from_numpy(view["values"]), want.float())
+    assert view["row_edges"] == list(block_edges(rows, 8)) and view["shape"] == list(want.shape)
+
+
+def test_block_sums_refuse_edges_that_miss_the_values():
+    terms = StatTerms(torch.ones(12))
+    with pytest.raises(ValueError, match="do not cover"):
+        cpu_kernels.block_sums(terms, 4, [0, 2], [0, 4])  # 2 rows of 4: 8 of the 12 values
+    with pytest.raises(ValueError, match="do not cover"):
+        cpu_kernels.block_sums(terms, 4, [0, 3], [0, 3])

@@ -205,11 +205,39 @@ def test_the_compiled_level_map_is_the_definition(seed, monkeypatch):
     assert torch.equal(levels, want)
     for level, threshold in enumerate(named, start=1):
         assert int(((levels > 0) & (levels <= level)).sum()) == threshold.k
-    # each tensor cut into parts across threads, as large ones are: the same map
+    # each tensor cut into parts across threads, as large ones are, and the ties placed from what the
+    # first pass noted of them (few noted: the second pass places them; many: none is needed)
     monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 64)
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        assert torch.equal(top_q_levels(lambda: iter(chunks), total, fractions)[0], levels)
+        for kept in (1, 7, 100_000):
+            monkeypatch.setattr(cpu_kernels, "TIES_KEPT", kept)
+            assert torch.equal(top_q_levels(lambda: iter(chunks), total, fractions)[0], levels)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_ties_noted_in_the_first_pass_need_no_second(monkeypatch):
+    """Continuous values, a threshold tied a few times: the level map of the definition, in one pass."""
+    from workers.fisher.masks import top_q_levels
+
+    generator = torch.Generator().manual_seed(5)
+    chunks = [torch.rand(shape, generator=generator) for shape in [(500,), (30, 20)]]
+    chunks[1][3, :4] = chunks[0][10] = 0.98765  # five values tied, some at a set's boundary
+    total = sum(c.numel() for c in chunks)
+    fractions = (0.001, 0.003, 0.01, 0.1)
+    flat = torch.cat([c.reshape(-1) for c in chunks])
+    order = torch.argsort(flat, descending=True, stable=True)
+    k_tied = int((flat > 0.98765).sum()) + 2  # a set that takes two of the five, by index
+    monkeypatch.setattr(
+        cpu_kernels, "_tie_levels_into", lambda *args: pytest.fail("a second pass over the values")
+    )
+    fractions = (*fractions, k_tied / total)
+    fractions = tuple(sorted(fractions))
+    levels, named = top_q_levels(lambda: iter(chunks), total, fractions)
+    want = torch.zeros(total, dtype=torch.uint8)
+    for level in range(len(fractions), 0, -1):
+        want[order[: named[level - 1].k]] = level
+    assert torch.equal(levels, want)
+    assert any(t.value == pytest.approx(0.98765) for t in named)

@@ -20,9 +20,10 @@ import torch
 from safetensors.torch import save_file
 
 from backend.vocabulary import STATS, EngineKind, SamplerKind
+from workers.fisher.cpu_kernels import each_in_threads
 from workers.fisher.methods import Method
 from workers.fisher.model_summary import model_summary
-from workers.fisher.pooling import block_edges, pooled_view
+from workers.fisher.pooling import block_edges, grid_shape, pooled_view
 from workers.fisher.position import HeadLayout
 from workers.fisher.position_summary import position_summary
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
@@ -82,9 +83,18 @@ class Analysis:
             elif sums.identically_zero(stat):
                 out[stat] = {name: _zero_view(sums.shapes[name], max_rows, max_cols) for name in sums.names}
             else:
-                out[stat] = {
-                    name: pooled_view(value, max_rows, max_cols) for name, value in sums.iter_stat(stat)
-                }
+
+                def view(name: str, stat: str = stat) -> dict:
+                    # from the stat's stored terms where it has them: nothing parameter-sized is formed
+                    terms = sums.terms(stat, name)
+                    return pooled_view(sums.stat(stat, name) if terms is None else terms, max_rows, max_cols)
+
+                if sums.device.type == "cpu":  # the compiled passes run tensors in threads
+                    sizes = [math.prod(sums.shapes[name]) for name in sums.names]
+                    views = each_in_threads(view, sums.names, sizes)
+                else:
+                    views = [view(name) for name in sums.names]
+                out[stat] = dict(zip(sums.names, views, strict=True))
         return out
 
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
@@ -109,10 +119,15 @@ class Analysis:
 
 
 def _zero_view(shape: tuple[int, ...], max_rows: int, max_cols: int) -> dict:
-    rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
+    rows, cols = grid_shape(shape)
     row_edges, col_edges = block_edges(rows, max_rows), block_edges(cols, max_cols)
     grid = np.zeros((len(row_edges) - 1, len(col_edges) - 1), dtype=np.float32)
-    return {"shape": list(grid.shape), "row_edges": row_edges, "col_edges": col_edges, "values": grid}
+    return {
+        "shape": list(grid.shape),
+        "row_edges": list(row_edges),
+        "col_edges": list(col_edges),
+        "values": grid,
+    }
 
 
 def _staged(progress: ProgressCallback | None) -> ProgressCallback:

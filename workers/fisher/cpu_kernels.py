@@ -9,6 +9,8 @@ several times. GPU tensors take the torch path of the callers, which these loops
   allocate nothing of the input's size and sum in float64. Sums of squares (the totals of signed stats)
   and rho's mean (one pass where torch's ratio took five) come in the same pass.
 - ``nested_levels`` (the top-q level map): two passes where torch took about five per level.
+- ``block_sums`` (pooled views): a stat's block sums from its terms, in one pass; torch's way formed the
+  stat, copied it to float64 and summed it twice with index_add_.
 - ``pair_moments`` (the ghost form's M with few rows, ``directions``): each direction's rows are read
   once, from cache, for all of their pairs; torch's way writes and reads back b x pairs x o products.
 
@@ -302,19 +304,40 @@ def _tensor_pass_into(  # pragma: no cover - compiled
     return square_total, share_total
 
 
+# directions whose products are summed before a row of M is read and written: M's pairs at an MLP
+# block's 1536 outputs and 32 rows are 3.2 MB, past the core's cache, and one direction at a time
+# streamed them through memory once per direction
+_PAIR_GROUP = 4
+
+
 @numba.njit(nogil=True, cache=True)
 def _pair_moments_into(delta, weights, out):  # pragma: no cover - compiled
     count, rows, width = delta.shape
-    weighted = np.empty(width, delta.dtype)
-    for b in range(count):
+    weighted = np.empty((_PAIR_GROUP, width), delta.dtype)
+    grouped = count - count % _PAIR_GROUP
+    for b in range(0, grouped, _PAIR_GROUP):
         pair = 0
         for r in range(rows):
+            for j in range(_PAIR_GROUP):
+                for o in range(width):
+                    weighted[j, o] = weights[b + j] * delta[b + j, r, o]
+            wa, wb, wc, wd = weighted[0], weighted[1], weighted[2], weighted[3]
+            for s in range(r, rows):
+                total = out[pair]
+                ra, rb, rc, rd = delta[b, s], delta[b + 1, s], delta[b + 2, s], delta[b + 3, s]
+                for o in range(width):
+                    total[o] += (wa[o] * ra[o] + wb[o] * rb[o]) + (wc[o] * rc[o] + wd[o] * rd[o])
+                pair += 1
+    for b in range(grouped, count):
+        pair = 0
+        wa = weighted[0]
+        for r in range(rows):
             for o in range(width):
-                weighted[o] = weights[b] * delta[b, r, o]
+                wa[o] = weights[b] * delta[b, r, o]
             for s in range(r, rows):
                 total, row = out[pair], delta[b, s]
                 for o in range(width):
-                    total[o] += weighted[o] * row[o]
+                    total[o] += wa[o] * row[o]
                 pair += 1
 
 
@@ -338,17 +361,72 @@ def pair_moments(
 
 
 @numba.njit(nogil=True, cache=True)
-def _strict_levels_into(values, thresholds, levels, above):  # pragma: no cover - compiled
+def _block_sums_into(a, a_plus, a_square, width, row_edges, col_edges, grid):  # pragma: no cover - compiled
+    # A stat (a: base, + plus, + square * square; None: no such term) as rows of ``width`` values: each
+    # row block's column sums in float64 (a loop over columns, which the compiler vectorizes), then those
+    # sums per column block, in the order torch's index_add_ over rows and then columns adds them
+    column = np.empty(width, np.float64)
+    for rb in range(row_edges.size - 1):
+        column[:] = 0.0
+        for i in range(row_edges[rb], row_edges[rb + 1]):
+            at = i * width
+            for j in range(width):
+                v = a[at + j]
+                if a_plus is not None:
+                    v = v + a_plus[at + j]
+                if a_square is not None:
+                    v = v + a_square[at + j] * a_square[at + j]
+                column[j] += np.float64(v)
+        for cb in range(col_edges.size - 1):
+            total = 0.0
+            for j in range(col_edges[cb], col_edges[cb + 1]):
+                total += column[j]
+            grid[rb, cb] = total
+
+
+def block_sums(
+    terms: StatTerms, width: int, row_edges: Sequence[int], col_edges: Sequence[int]
+) -> np.ndarray:
+    """float64 [row blocks, column blocks]: the sums of a stat of CPU arrays (``StatTerms``, not formed)
+    seen as rows of ``width`` values over the blocks the edges give. One pass, one core: the caller
+    runs tensors in threads."""
+    a, a_plus, a_square = _slot(terms)
+    if a.size != (row_edges[-1] if len(row_edges) else 0) * width or (
+        len(col_edges) and col_edges[-1] != width
+    ):
+        raise ValueError("the block edges do not cover the stat's rows and columns")
+    grid = np.zeros((max(0, len(row_edges) - 1), max(0, len(col_edges) - 1)), np.float64)
+    rows, cols = np.asarray(row_edges, np.int64), np.asarray(col_edges, np.int64)
+    _block_sums_into(a, a_plus, a_square, width, rows, cols, grid)
+    return grid
+
+
+# where the first values equal to each threshold lie, kept per part by the strict pass: a set's ties
+# are then placed without a pass of their own, unless more of them are needed than a part kept
+TIES_KEPT = 64
+
+
+@numba.njit(nogil=True, cache=True)
+def _strict_levels_into(
+    values, thresholds, levels, above, ties, tie_at, offset
+):  # pragma: no cover - compiled
+    lowest = thresholds[thresholds.size - 1]
     for i in range(values.size):
         if i % _LINE_VALUES == 0:
             _prefetch(values, i + _AHEAD)  # type: ignore[call-arg]
         v = max(values[i], 0.0)
+        if v < lowest:  # in no set and tied with no threshold: most values, one comparison
+            continue
         for level in range(thresholds.size):  # thresholds do not increase: the first one v exceeds
             if v > thresholds[level]:
                 levels[i] = level + 1
                 for larger in range(level, thresholds.size):
                     above[larger] += 1
                 break
+            if v == thresholds[level]:
+                if ties[level] < tie_at.shape[1]:
+                    tie_at[level, ties[level]] = offset + i
+                ties[level] += 1
 
 
 @numba.njit(nogil=True, cache=True)
@@ -370,24 +448,35 @@ def nested_levels(
     chunks: Callable[[], Iterator[torch.Tensor]], total: int, ks: list[int], values: list[float]
 ) -> torch.Tensor:
     """uint8 [total]: ``workers.fisher.masks.top_q_levels``'s level map from its thresholds (``values``,
-    not increasing) and set sizes ``ks``, in two compiled passes (the first read cold, the second only
-    as far as the ties that complete each set) instead of a few torch passes per level. The map lives
-    on the CPU whatever the chunks' device: GPU chunks are read there."""
+    not increasing) and set sizes ``ks``: one compiled pass, which also notes where the first values
+    tied with each threshold lie, and a second one (read only as far as the ties that complete each
+    set) only where a set needs more ties than were noted. The map lives on the CPU whatever the
+    chunks' device: GPU chunks are read there."""
     thresholds = np.asarray(values, np.float64)
     levels = np.zeros(total, np.uint8)
     above = np.zeros(len(ks), np.int64)
+    parts: list[tuple[np.ndarray, np.ndarray]] = []  # (ties, where the first ones lie), in index order
     offset = 0
     for chunk in chunks():
         flat, mine = _flat(chunk.cpu()), levels[offset : offset + chunk.numel()]
 
-        def part(lo: int, hi: int, flat=flat, mine=mine) -> np.ndarray:
-            counts = np.zeros(len(ks), np.int64)
-            _strict_levels_into(flat[lo:hi], thresholds, mine[lo:hi], counts)
-            return counts
+        def part(lo: int, hi: int, flat=flat, mine=mine, offset=offset) -> tuple:
+            counts, ties = np.zeros(len(ks), np.int64), np.zeros(len(ks), np.int64)
+            tie_at = np.empty((len(ks), TIES_KEPT), np.int64)
+            _strict_levels_into(flat[lo:hi], thresholds, mine[lo:hi], counts, ties, tie_at, offset + lo)
+            return counts, ties, tie_at
 
-        above += sum(_in_parts(flat.size, part))
+        for counts, ties, tie_at in _in_parts(flat.size, part):
+            above += counts
+            parts.append((ties, tie_at))
         offset += flat.size
     remaining = np.maximum(np.asarray(ks, np.int64) - above, 0)
+    placed = _first_ties(parts, remaining)
+    if placed is not None:
+        for level, at in enumerate(placed):
+            mine = levels[at]
+            levels[at] = np.where((mine == 0) | (mine > level + 1), level + 1, mine)
+        return torch.from_numpy(levels)
     offset = 0
     for chunk in chunks():
         if remaining.max() == 0:
@@ -396,6 +485,26 @@ def nested_levels(
         _tie_levels_into(flat, thresholds, levels[offset : offset + flat.size], remaining)
         offset += flat.size
     return torch.from_numpy(levels)
+
+
+def _first_ties(parts: list[tuple[np.ndarray, np.ndarray]], needed: np.ndarray) -> list[np.ndarray] | None:
+    """For each level, where its first ``needed`` ties lie (in index order), from the parts' notes; None
+    when a part had more ties than it noted before enough of them were found."""
+    placed = []
+    for level, need in enumerate(needed.tolist()):
+        found: list[np.ndarray] = []
+        for ties, tie_at in parts:
+            if need == 0:
+                break
+            noted = min(int(ties[level]), TIES_KEPT)
+            if noted < min(int(ties[level]), need):
+                return None
+            found.append(tie_at[level, : min(noted, need)])
+            need -= min(noted, need)
+        if need:
+            return None
+        placed.append(np.concatenate(found) if found else np.empty(0, np.int64))
+    return placed
 
 
 def _compiled(tensor: torch.Tensor) -> torch.Tensor:
