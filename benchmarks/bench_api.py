@@ -77,28 +77,37 @@ def wait_ready(client: httpx.Client, timeout_s: float = 60) -> None:
         time.sleep(0.2)
 
 
-def prepare(client: httpx.Client, model: str) -> list[tuple[dict, str]]:
-    """Submit one analysis per prefix and wait until all are cached."""
-    cached = []
+def prepare(
+    client: httpx.Client, model: str
+) -> tuple[list[tuple[dict, str]], list[tuple[float | None, float]]]:
+    """Submit one analysis per prefix, each once the one before is done, as a person typing prefixes
+    would: (body, id) of each, and the seconds from its POST to its first partial result (None when it
+    had none: cached, or too short for one) and to done."""
+    cached, timings = [], []
     for prefix in PREFIXES:
         body = {"model": model, "prefix": prefix}
+        started = time.perf_counter()
         answer = client.post("/api/v1/analyses", json=body)
         answer.raise_for_status()
-        cached.append((body, answer.json()["id"]))
-    for _, analysis_id in cached:
+        analysis_id = answer.json()["id"]
+        first_partial = None
         deadline = time.monotonic() + 600
-        while (status := poll_status(client, analysis_id)) != "done":
-            if status == "failed" or time.monotonic() > deadline:
-                raise SystemExit(f"analysis {analysis_id} {status}")
-            time.sleep(0.2)
-    return cached
+        while (reply := poll(client, analysis_id))["status"] != "done":
+            if reply["status"] == "failed" or time.monotonic() > deadline:
+                raise SystemExit(f"analysis {analysis_id} {reply['status']}")
+            if first_partial is None and reply.get("partial"):
+                first_partial = time.perf_counter() - started
+            time.sleep(0.05)
+        timings.append((first_partial, time.perf_counter() - started))
+        cached.append((body, analysis_id))
+    return cached, timings
 
 
-def poll_status(client: httpx.Client, analysis_id: str) -> str:
+def poll(client: httpx.Client, analysis_id: str) -> dict:
     answer = client.get(f"/api/v1/analyses/{analysis_id}")
     if answer.status_code != 200:
         raise SystemExit(f"GET {analysis_id} answered {answer.status_code}: {answer.text[:300]}")
-    return answer.json()["status"]
+    return answer.json()
 
 
 def median_ms(call, repeats: int) -> float:
@@ -159,12 +168,17 @@ def run(base_url: str, args: argparse.Namespace) -> None:
 def run_model(base_url: str, model: str, args: argparse.Namespace) -> None:
     with httpx.Client(base_url=base_url, timeout=30) as client:
         wait_ready(client)
-        cached = prepare(client, model)
+        cached, timings = prepare(client, model)
         body, analysis_id = cached[0]
         get_ms = median_ms(lambda: client.get(f"/api/v1/analyses/{analysis_id}"), args.repeats)
         post_ms = median_ms(lambda: client.post("/api/v1/analyses", json=body), args.repeats)
         size_kb = len(client.get(f"/api/v1/analyses/{analysis_id}").content) / 1024
     print(f"model {model}, summary {size_kb:.0f} KiB per answer", flush=True)
+    each = ", ".join(
+        f"{done:.2f} s" + ("" if partial is None else f" (first partial {partial:.2f} s)")
+        for partial, done in timings
+    )
+    print(f"new prefixes, POST to done, one after the other (the first loads the model): {each}", flush=True)
     print(
         f"cache-hit GET median: {get_ms:.1f} ms; repeat POST median: {post_ms:.1f} ms ({args.repeats} each)",
         flush=True,

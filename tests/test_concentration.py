@@ -314,7 +314,9 @@ def test_pooled_views_from_terms_are_torchs_block_sums(shape, extra):
     terms = StatTerms(base, more, squared=extra == "square")
     view = pooled_view(terms, max_rows=8, max_cols=5)
     rows, cols = grid_shape(shape)
-    want = block_sums_with_torch(terms.formed().reshape(rows, cols), block_edges(rows, 8), block_edges(cols, 5))
+    want = block_sums_with_torch(
+        terms.formed().reshape(rows, cols), block_edges(rows, 8), block_edges(cols, 5)
+    )
     assert torch.equal(torch.from_numpy(view["values"]), want.float())
     assert view["row_edges"] == list(block_edges(rows, 8)) and view["shape"] == list(want.shape)
 

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from backend.schemas import AnalysisJob, JobSampler
 from backend.settings import Settings
+from backend.store import Store
 from backend.vocabulary import STATS
 from workers.jobs import analyze_job
 
@@ -129,6 +130,8 @@ def test_pooled_views_add_up_to_tensor_totals(tiny_random):
         assert float(view["values"].sum()) == pytest.approx(totals[name]["fisher"], rel=1e-5, abs=1e-9)
     assert pooled["uncentered"] is pooled["fisher"]  # on-policy: equal by construction, shared
     assert all(float(v["values"].sum()) == 0 for v in pooled["mean_shift"].values())
+    # the size the worker picks its grid by, before pooling, is what the store is sent
+    assert analysis.pooled_bytes(16, 8) == Store.encoded_size(pooled)
 
 
 @pytest.mark.parametrize(

@@ -132,14 +132,14 @@ def write_levels(analysis: Analysis, target: Path, settings: Settings) -> None:
     evict_to_budget(settings.exports_dir, settings.exports_budget_bytes, keep=target)
 
 
-def pooled_within_budget(analysis: Analysis, store: Store, settings: Settings) -> dict:
-    """Pooled views at the configured grid, halved until they fit the per-analysis memory budget."""
+def pooled_within_budget(analysis: Analysis, settings: Settings) -> dict:
+    """Pooled views at the configured grid, halved until they fit the per-analysis memory budget: the
+    grid is chosen from the shapes, so the views are pooled once (SmolLM2's views at 128 x 128 do not
+    fit 64 MiB; pooling them first cost as much again as the views that are sent)."""
     rows, cols = settings.pooled_rows, settings.pooled_cols
-    while True:
-        pooled = analysis.pooled(max_rows=rows, max_cols=cols)
-        if store.encoded_size(pooled) <= settings.max_result_bytes or rows * cols <= 4:
-            return pooled
+    while analysis.pooled_bytes(rows, cols) > settings.max_result_bytes and rows * cols > 4:
         rows, cols = max(1, rows // 2), max(1, cols // 2)
+    return analysis.pooled(max_rows=rows, max_cols=cols)
 
 
 def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: ModelPool) -> AnalysisJob | None:
@@ -209,7 +209,7 @@ def execute_analysis(
             )
             # the top-q sets first: an analysis that reads as done can be compared at once
             write_levels(analysis, settings.levels_path(analysis_id), settings)
-            store.save_result(analysis_id, analysis.summary, pooled_within_budget(analysis, store, settings))
+            store.save_result(analysis_id, analysis.summary, pooled_within_budget(analysis, settings))
         except BaseException as error:  # includes RQ's timeout; the job must end failed, never running
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):

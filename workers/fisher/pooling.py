@@ -31,6 +31,12 @@ def grid_shape(shape: tuple[int, ...]) -> tuple[int, int]:
     return shape[0], math.prod(shape[1:])
 
 
+def pooled_cells(shape: tuple[int, ...], max_rows: int, max_cols: int) -> int:
+    """How many values a tensor's pooled view holds, known before it is pooled."""
+    rows, cols = grid_shape(shape)
+    return (len(block_edges(rows, max_rows)) - 1) * (len(block_edges(cols, max_cols)) - 1)
+
+
 def pooled_view(value: torch.Tensor | StatTerms, max_rows: int = 128, max_cols: int = 128) -> dict:
     """{"shape", "row_edges", "col_edges", "values"}: float64 block sums, sent as float32.
 
