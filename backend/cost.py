@@ -18,24 +18,24 @@ from backend.vocabulary import MethodName, SamplerKind, is_on_policy, parse_meth
 class SizedModel(Protocol):
     n_params: int
     d_model: int
+    tied_embeddings: bool
 
 
-# What an analysis costs beyond 2 r P flop per context token and direction, fitted to the seconds
-# `benchmarks/bench_engine.py` measures on SmolLM2-135M (prefixes of 5 to 256 tokens, continuations up to
-# 64, exact and Monte Carlo; it prints the estimate against the measured time) and counted in flops per
-# parameter at the matmul rate. Why they depend on the machine: only the matmuls follow that rate; the
-# backward's elementwise ops and the summary's passes follow memory, so the faster a machine's matmuls
-# against its memory, the larger these are (README, Speed). Fitted on a 2-core AVX-512 AMD EPYC
-# (matmuls at 110-160 GFLOP/s) to two runs of the benchmark, the second 25-30% faster throughout (the
-# machine is shared); on a 2-core AVX-512 Intel Xeon (340-390 GFLOP/s) they were 1.9, 100, 180, 8.6 and
-# 4300 (fitted there), and these would estimate about half the time measured there. Refitted on the
-# AVX-512 EPYC to one run at 135-180 GFLOP/s after the summary got 2x faster (summary 1100 -> 600) and the
-# ghost moments cheaper: the per-token term, 102 -> 130, also carries the probe directions a tied model
-# sends per distinct context token, not counted in r (README, Speed), so long responses, whose probes
-# grow with their length, are the least well estimated (0.83x at 5 + 64 tokens).
+# What an analysis costs beyond 2 P flop per context token and direction (the r directions and the tied
+# table's probes), fitted to the seconds `benchmarks/bench_engine.py` measures on SmolLM2-135M (prefixes
+# of 5 to 256 tokens, continuations up to 64, exact and Monte Carlo; it prints the estimate against the
+# measured time) and counted in flops per parameter at the matmul rate. Why they depend on the machine:
+# only the matmuls follow that rate; the backward's elementwise ops and the summary's passes follow
+# memory, so the faster a machine's matmuls against its memory, the larger these are (README, Speed).
+# Fitted on a 2-core AVX-512 AMD EPYC (matmuls at 96-190 GFLOP/s); on a 2-core AVX-512 Intel Xeon
+# (340-390 GFLOP/s) the direction efficiency was 1.9 and the summary 4300. The per-token term went from
+# 130 to 70 when the probes were counted as directions: it had carried them, so that a long response
+# with few directions (mc:4 over 64 tokens, ~1700 probe directions against 256 sampled ones) was the
+# least well estimated; with them counted, two runs of the benchmark fall within 0.81-1.17x (but for
+# one 5-token run slowed to 20.5 s, at 0.57x; 0.83-0.87x when run again).
 DIRECTION_EFFICIENCY = 1.22  # the batched backward and the block squares against 2 r P t at the matmul rate
 POSITION_FLOPS_PER_PARAM = 200  # per analysed position: forward, C_mu, the moments folded into the sums
-CONTEXT_TOKEN_FLOPS_PER_PARAM = 130  # per context token of each position: activations kept, probes
+CONTEXT_TOKEN_FLOPS_PER_PARAM = 70  # per context token of each position: activations kept, attention
 GHOST_PAIR_FLOPS_PER_PARAM = 4.3  # times n (n + 1) per position in the ghost form: its squares, M
 SUMMARY_FLOPS_PER_PARAM = 600  # once, measured: totals, concentration curves, top coordinates
 
@@ -84,10 +84,31 @@ def backward_directions(info: SizedModel, job: AnalysisJob) -> int:
     return mu_directions + p_directions
 
 
+def probe_directions(info: SizedModel, job: AnalysisJob) -> list[int]:
+    """Embedding-row probes back-propagated at each analysed position, besides the r directions.
+
+    A tied table is also the input embedding, and the cross term of its rows needs one direction per
+    distinct token the context reads, per Fisher formed (under mu, and under p off the policy): on a
+    long response with few directions (Monte Carlo) they are most of the backward. An upper bound: a
+    token that mu (or p) gives no mass needs none, and a response still to be sampled counts as all
+    distinct.
+    """
+    if not info.tied_embeddings:
+        return [0] * len(context_lengths(job))
+    s = job.sampler
+    fishers = 1 if is_on_policy(s.kind, s.temperature, s.top_k, s.top_p, s.engine) else 2
+    if not job.continuation_ids and job.continuation_sample:
+        return [fishers * n for n in context_lengths(job)]
+    ids = [*job.input_ids, *job.continuation_ids]
+    return [fishers * len(set(ids[:n])) for n in context_lengths(job)]
+
+
 def estimate_flops(info: SizedModel, job: AnalysisJob) -> float:
-    """About 2 r P flop per context token and direction, plus the forward pass (DESIGN §3)."""
-    tokens = sum(context_lengths(job))
-    return 2.0 * info.n_params * tokens * (backward_directions(info, job) + 1)
+    """About 2 P flop per context token and direction (the r directions and the probes), plus the
+    forward pass (DESIGN §3)."""
+    r = backward_directions(info, job)
+    per_position = zip(context_lengths(job), probe_directions(info, job), strict=True)
+    return 2.0 * info.n_params * sum(n * (r + probes + 1) for n, probes in per_position)
 
 
 def ghost_context_pairs(info: SizedModel, job: AnalysisJob) -> int:

@@ -15,10 +15,12 @@ from backend.cost import (
     SUMMARY_FLOPS_PER_PARAM,
     context_lengths,
     estimate_cost,
+    estimate_flops,
     ghost_context_pairs,
+    probe_directions,
 )
 from backend.normalize import RequestError, check_model_id, normalize
-from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec
+from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec, SampleSpec
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
 from backend.vocabulary import STATS, parse_method
@@ -164,11 +166,12 @@ def test_model_ids_are_an_allow_list(model: str) -> None:
 
 def test_cost_exact_matches_design_figure() -> None:
     """DESIGN §3: about 0.78 TFLOP for SmolLM2-135M on a 5-token prefix."""
-    info = type("Info", (), {"n_params": 134_515_008, "d_model": 576})()
+    info = type("Info", (), {"n_params": 134_515_008, "d_model": 576, "tied_embeddings": True})()
     job = AnalysisJob(model="smollm2-135m", weights_digest="d", input_ids=[1, 2, 3, 4, 5])
     cost = estimate_cost(info, job, flops_per_second=1e12)
     assert cost.directions == 576 and not cost.upper_bound
-    assert cost.flops == pytest.approx(2 * 577 * 134_515_008 * 5)
+    # 576 directions of C_mu, a probe per distinct prefix token of the tied table, the forward
+    assert cost.flops == pytest.approx(2 * (576 + 5 + 1) * 134_515_008 * 5)
     assert 0.7e12 < cost.flops < 0.8e12
     # the seconds add what the direction pass does not count: a position, its 5 tokens, the ghost form
     # of its squares (576 directions over 5 rows: the engine's rule picks it), the summary
@@ -186,7 +189,7 @@ RATE = 1e11  # flop/s; these checks are about flops and directions, not seconds
 
 
 def test_cost_scales_with_sampler_and_method() -> None:
-    info = type("Info", (), {"n_params": 1000, "d_model": 64})()
+    info = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": False})()
     base = AnalysisJob(model="m", weights_digest="d", input_ids=[1, 2, 3])
     exact = estimate_cost(info, base, RATE)
     off = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(temperature=0.7)}), RATE)
@@ -199,3 +202,20 @@ def test_cost_scales_with_sampler_and_method() -> None:
     response = base.model_copy(update={"continuation_ids": [7, 8, 9]})
     assert context_lengths(response) == [3, 4, 5]
     assert estimate_cost(info, response, RATE).flops == pytest.approx(exact.flops * 12 / 3)
+
+
+def test_cost_counts_the_tied_tables_probes() -> None:
+    """A tied table sends one probe direction per distinct context token and Fisher formed."""
+    untied = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": False})()
+    tied = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": True})()
+    job = AnalysisJob(model="m", weights_digest="d", input_ids=[5, 6, 5], continuation_ids=[6, 7])
+    assert probe_directions(untied, job) == [0, 0]
+    assert probe_directions(tied, job) == [2, 2]  # {5, 6}, then {5, 6} again: 6 was read before
+    off = job.model_copy(update={"sampler": JobSampler(temperature=0.7)})
+    assert probe_directions(tied, off) == [4, 4]  # and as many for the Fisher under p
+    sampled = job.model_copy(
+        update={"continuation_ids": [], "continuation_sample": SampleSpec(max_tokens=3, seed=1)}
+    )
+    assert probe_directions(tied, sampled) == [3, 4, 5]  # not drawn yet: every token counts as new
+    extra = sum(n * p for n, p in zip(context_lengths(job), probe_directions(tied, job), strict=True))
+    assert estimate_flops(tied, job) - estimate_flops(untied, job) == pytest.approx(2 * 1000 * extra)
