@@ -241,3 +241,5 @@ def test_ties_noted_in_the_first_pass_need_no_second(monkeypatch):
         want[order[: named[level - 1].k]] = level
     assert torch.equal(levels, want)
     assert any(t.value == pytest.approx(0.98765) for t in named)
+    nothing, _ = top_q_levels(lambda: iter(chunks), total, ())  # no set: no threshold read
+    assert torch.equal(nothing, torch.zeros(total, dtype=torch.uint8))

@@ -20,9 +20,8 @@ import torch
 from safetensors.torch import save_file
 
 from backend.vocabulary import STATS, EngineKind, SamplerKind
-from workers.fisher.cpu_kernels import each_in_threads
 from workers.fisher.methods import Method
-from workers.fisher.model_summary import model_summary
+from workers.fisher.model_summary import each_tensor, model_summary
 from workers.fisher.pooling import block_edges, grid_shape, pooled_cells, pooled_view
 from workers.fisher.position import HeadLayout
 from workers.fisher.position_summary import position_summary
@@ -89,12 +88,7 @@ class Analysis:
                     terms = sums.terms(stat, name)
                     return pooled_view(sums.stat(stat, name) if terms is None else terms, max_rows, max_cols)
 
-                if sums.device.type == "cpu":  # the compiled passes run tensors in threads
-                    sizes = [math.prod(sums.shapes[name]) for name in sums.names]
-                    views = each_in_threads(view, sums.names, sizes)
-                else:
-                    views = [view(name) for name in sums.names]
-                out[stat] = dict(zip(sums.names, views, strict=True))
+                out[stat] = dict(zip(sums.names, each_tensor(sums, view, sums.names), strict=True))
         return out
 
     def pooled_bytes(self, max_rows: int = 128, max_cols: int = 128, stats: tuple[str, ...] = STATS) -> int:

@@ -454,6 +454,8 @@ def nested_levels(
     chunks' device: GPU chunks are read there."""
     thresholds = np.asarray(values, np.float64)
     levels = np.zeros(total, np.uint8)
+    if not ks:  # no set: every coordinate is outside all of them (the strict pass reads the last threshold)
+        return torch.from_numpy(levels)
     above = np.zeros(len(ks), np.int64)
     parts: list[tuple[np.ndarray, np.ndarray]] = []  # (ties, where the first ones lie), in index order
     offset = 0
@@ -473,9 +475,9 @@ def nested_levels(
     remaining = np.maximum(np.asarray(ks, np.int64) - above, 0)
     placed = _first_ties(parts, remaining)
     if placed is not None:
-        for level, at in enumerate(placed):
-            mine = levels[at]
-            levels[at] = np.where((mine == 0) | (mine > level + 1), level + 1, mine)
+        for level, at in enumerate(placed):  # a tie keeps a smaller set it is already in
+            current = levels[at]
+            levels[at] = np.where((current == 0) | (current > level + 1), level + 1, current)
         return torch.from_numpy(levels)
     offset = 0
     for chunk in chunks():

@@ -121,6 +121,15 @@ def _curve(hist: Histogram, named: list[Threshold]) -> dict:
     }
 
 
+def each_tensor(sums: MomentSums, work: Callable[[str], _Result], names: list[str]) -> list[_Result]:
+    """``work`` for every tensor of ``sums``, in threads on the CPU, where its compiled passes release
+    the GIL (results in ``names``' order)."""
+    if sums.device.type != "cpu":
+        return [work(name) for name in names]
+    sizes = [math.prod(sums.shapes[name]) for name in names]
+    return cpu_kernels.each_in_threads(work, names, sizes)
+
+
 class _ModelPass:
     """State shared by the two passes of ``model_summary``."""
 
@@ -164,11 +173,7 @@ class _ModelPass:
         self.taken.clear()
 
     def each_tensor(self, work: Callable[[str], _Result], names: list[str]) -> list[_Result]:
-        """``work`` for every tensor, in threads on the CPU (results in ``names``' order)."""
-        if self.sums.device.type != "cpu":
-            return [work(name) for name in names]
-        sizes = [math.prod(self.sums.shapes[name]) for name in names]
-        return cpu_kernels.each_in_threads(work, names, sizes)
+        return each_tensor(self.sums, work, names)
 
     def first(self, name: str) -> _First:
         """Totals, histograms and (for stats without a curve) top candidates of one tensor.
