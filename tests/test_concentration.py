@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from workers.fisher.concentration import (
     collect_bins,
     histogram,
     histograms_in_one_pass,
+    plans_of,
     select_bins,
     select_in_one_pass,
     thresholds,
@@ -118,6 +120,65 @@ def test_named_thresholds_are_exact_top_k_sums(seed):
         assert threshold.k == k
         assert threshold.value == float(ordered[k - 1])
         assert threshold.top_sum == pytest.approx(float(ordered[:k].sum()), rel=1e-12)
+
+
+def test_plans_and_choices_for_many_histograms_at_once_give_each_ones_exact_top_k():
+    """The summary plans every tensor in one call (rows of very different sizes side by side, an
+    all-zero one and an empty one): each row's thresholds, finished from the values its own choice
+    selects, are that row's exact top-k."""
+    chunks = [
+        _values(300_001, seed=3).clamp_min(0),
+        _values(17, seed=4).clamp_min(0),
+        torch.zeros(1000),
+        torch.zeros(0),
+        _values(50_000, seed=5).clamp_min(0) * 1e6,
+        torch.full((64,), 0.25),
+    ]
+    fractions = [1e-5, 0.001, 0.05, 0.1, 0.9, 1.0]
+    hists = [histogram([chunk]) for chunk in chunks]
+    plans = plans_of(hists, fractions)
+    choices = BinChoice.each(hists, [plan.bins for plan in plans])
+    for chunk, plan, choice in zip(chunks, plans, choices, strict=True):
+        selection = choice.select(chunk)
+        named = plan.finish({b: [selection.of(b)] for b in plan.bins})
+        ordered = torch.sort(chunk.double(), descending=True).values
+        for q, threshold in zip(fractions, named, strict=True):
+            k = max(1, math.ceil(q * chunk.numel()))
+            assert threshold.k == k
+            want = ordered[:k]
+            assert threshold.value == (float(want[-1]) if want.numel() == k else 0.0)
+            assert threshold.top_sum == pytest.approx(float(want.sum()), rel=1e-12, abs=0.0)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.random.default_rng(0).random(5000) + 1e-3,  # float64 with every bit in use
+        (np.random.default_rng(1).random(5000, dtype=np.float32) * 0.06 + 1).astype(np.float64),  # one bin
+        np.random.default_rng(2).choice([0.25, 0.5, 0.75], 5000),  # ties
+        np.exp(np.random.default_rng(3).normal(size=5000) * 30),  # hundreds of octaves
+        np.array([3.0]),
+    ],
+)
+def test_the_need_largest_of_a_boundary_bin_are_the_sorted_ones(values):
+    ordered = np.sort(values)[::-1]
+    needs = {1, 2, values.size // 3, values.size - 1, values.size}
+    for need in sorted(n for n in needs if 1 <= n <= values.size):
+        value, total = cpu_kernels.largest_sum(values, need)
+        assert value == ordered[need - 1]
+        assert total == pytest.approx(float(ordered[:need].sum()), rel=1e-13)
+
+
+def test_the_need_largest_refuses_what_it_cannot_order():
+    for values, need, message in [
+        (np.array([1.0, 0.0]), 1, "positive"),
+        (np.array([1.0, -2.0]), 1, "positive"),
+        (np.array([1.0, 2.0]), 3, "need 3 of 2"),
+        (np.array([1.0, 2.0]), 0, "need 0 of 2"),
+        (np.array([1.0, 2.0], np.float32), 1, "float64"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            cpu_kernels.largest_sum(values, need)
 
 
 @pytest.mark.parametrize("squared", [False, True])

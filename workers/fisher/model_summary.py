@@ -32,6 +32,7 @@ from workers.fisher.concentration import (
     histograms_in_one_pass,
     merge,
     plan_thresholds,
+    plans_of,
     select_in_one_pass,
     thresholds,
 )
@@ -302,8 +303,28 @@ class _ModelPass:
         self.model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in self.curve}
         # the bin of the model's TOP_COORDINATES-th largest value: everything at or above it is a candidate
         self.top_bin = {stat: _top_bin(model_hists[stat]) for stat in self.curve}
+        names = [entry["name"] for entry in self.tensors]
+        # planned for all tensors at once, before the threads (numpy's per-call cost, not the bins, was
+        # most of a plan's time): the Fisher's per tensor plans (none when it is identically zero: shares
+        # 0), and the bins each tensor's pass reads
+        fisher = [self.hists["fisher"][name] for name in names] if "fisher" in self.hists else []
+        self.tensor_plans = dict(zip(names, plans_of(fisher, NAMED_FRACTIONS), strict=bool(fisher)))
+        self.choices = {
+            stat: dict(
+                zip(
+                    names,
+                    BinChoice.each(
+                        [self.hists[stat][name] for name in names],
+                        [self._wanted(stat, name) for name in names],
+                        self.top_bin[stat],  # everything at or above it: the candidates
+                    ),
+                    strict=True,
+                )
+            )
+            for stat in self.curve
+        }
         members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in self.curve}
-        found = self.each_tensor(self._second_of, [entry["name"] for entry in self.tensors])
+        found = self.each_tensor(self._second_of, names)
         for entry, (selected, candidates, concentration) in zip(self.tensors, found, strict=True):
             entry["concentration"] = concentration
             for stat in self.curve:
@@ -314,23 +335,19 @@ class _ModelPass:
         self.model_hists = model_hists
         return {stat: self.model_plans[stat].finish(members[stat]) for stat in self.curve}
 
+    def _wanted(self, stat: str, name: str) -> set[int]:
+        """The boundary bins a tensor's pass reads of a curve stat: the model's, and the Fisher's own."""
+        plan = self.tensor_plans.get(name) if stat == "fisher" else None
+        return self.model_plans[stat].bins | (plan.bins if plan else set())
+
     def _second_of(self, name: str) -> tuple[dict[str, dict[int, torch.Tensor]], dict, dict]:
         """One tensor's boundary-bin values per curve stat, its top candidates and (for the Fisher) its
         exact named shares. Reads only: ``second`` combines the tensors' results in order."""
-        per_tensor = "fisher" in self.hists  # else the Fisher is identically zero: shares 0
-        tensor_plan = plan_thresholds(self.hists["fisher"][name], NAMED_FRACTIONS) if per_tensor else None
+        tensor_plan = self.tensor_plans.get(name)
         concentration = {"fisher": {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}}
         selected: dict[str, dict[int, torch.Tensor]] = {}
         candidates: dict[str, list[Candidate]] = {}
-        choices = {
-            stat: BinChoice.of(
-                self.hists[stat][name],
-                self.model_plans[stat].bins
-                | (tensor_plan.bins if tensor_plan and stat == "fisher" else set()),
-                self.top_bin[stat],  # everything at or above it: the candidates
-            )
-            for stat in self.curve
-        }
+        choices = {stat: self.choices[stat][name] for stat in self.curve}
         for stat, selection in self._selections(name, choices).items():
             boundary = {b: selection.of(b) for b in self.model_plans[stat].bins}
             selected[stat] = {b: values for b, values in boundary.items() if values.numel()}
