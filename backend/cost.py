@@ -89,11 +89,13 @@ def probe_directions(info: SizedModel, job: AnalysisJob) -> list[int]:
 
     A tied table is also the input embedding, and the cross term of its rows needs one direction per
     distinct token the context reads, per Fisher formed (under mu, and under p off the policy): on a
-    long response with few directions (Monte Carlo) they are most of the backward. An upper bound: a
-    token that mu (or p) gives no mass needs none, and a response still to be sampled counts as all
-    distinct.
+    long response with few directions (Monte Carlo) they are most of the backward. None for an exact
+    analysis, whose directions are a complete basis that each probe's row is summed from (the engine
+    back-propagates them only where C_q is rank-deficient, which the estimate does not foresee). An
+    upper bound: a token that mu (or p) gives no mass needs none, and a response still to be sampled
+    counts as all distinct.
     """
-    if not info.tied_embeddings:
+    if not info.tied_embeddings or parse_method(job.method)[0] == MethodName.exact:
         return [0] * len(context_lengths(job))
     s = job.sampler
     fishers = 1 if is_on_policy(s.kind, s.temperature, s.top_k, s.top_p, s.engine) else 2

@@ -244,3 +244,60 @@ def test_chunks_and_snapshots_between_them_give_the_squares_of_one_chunk():
     assert len(taken) >= 3
     for name, value in whole.items():
         torch.testing.assert_close(chunked[name], value, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("budget_directions", [64, 3])
+def test_a_probe_summed_from_a_complete_basis_is_its_own_backward(budget_directions):
+    """Where a square group's directions are an orthonormal basis, a tied-table probe's row is the sum of
+    their per-direction rows at the probe's coordinates: the row its own backward gives, in one chunk
+    or many; a snapshot between chunks holds the directions done so far."""
+    from tests.tiny_models import tiny_llama
+    from workers.fisher.directions import EmbeddingRowProbe, SquareGroup, backprop_directions
+    from workers.fisher.position import HeadLayout
+
+    model = tiny_llama(tied=True)
+    table = HeadLayout.of(model).head_name
+    capture = capture_forward(model, IDS)
+    hidden = capture.hidden[-1]
+    generator = torch.Generator().manual_seed(4)
+    basis = torch.linalg.qr(
+        torch.randn(hidden.shape[0], hidden.shape[0], generator=generator, dtype=torch.float64)
+    )[0].T
+    weights = torch.rand(basis.shape[0], generator=generator, dtype=torch.float64)
+    probe_vectors = {
+        int(c): torch.randn(hidden.shape[0], generator=generator, dtype=torch.float64) for c in {4, 9, 12}
+    }
+    per_direction = sum(t.numel() for t in direction_targets(capture)) * hidden.element_size() * 2
+
+    def run(summed: bool, directions: torch.Tensor, snapshots: list | None = None) -> dict[str, torch.Tensor]:
+        probes = [
+            EmbeddingRowProbe(f"fisher:{c}", table, c, u, coordinates=directions @ u if summed else None)
+            for c, u in probe_vectors.items()
+        ]
+        results = backprop_directions(
+            capture,
+            len(IDS) - 1,
+            [SquareGroup("fisher", directions, weights[: directions.shape[0]])],
+            [],
+            probes,
+            memory_budget_bytes=budget_directions * per_direction,
+            on_chunk=None
+            if snapshots is None
+            else lambda snapshot, done: snapshots.append((snapshot(), done)),
+        )
+        return results.probes
+
+    own, taken = run(False, basis), []
+    summed = run(True, basis, taken)
+    assert set(summed) == set(own) == {f"fisher:{c}" for c in probe_vectors}
+    for name, row in own.items():
+        # linear in the direction to the model's own rounding: Llama's RMSNorm computes in float32 even
+        # in a float64 model (1e-7 apart here; 2e-16 where the backward is float64 throughout)
+        scale = float(row.abs().max())
+        torch.testing.assert_close(summed[name], row.to(torch.float64), rtol=1e-5, atol=1e-6 * scale)
+    assert bool(taken) == (budget_directions < basis.shape[0])
+    for snapshot, (done,) in taken:
+        # the directions done so far, summed: what the same probes give over those directions alone
+        partial = run(True, basis[:done])
+        for name, row in partial.items():
+            torch.testing.assert_close(snapshot.probes[name], row, rtol=1e-10, atol=1e-12)

@@ -207,6 +207,26 @@ def test_partial_results_come_after_the_first_chunk_and_bound_the_exact_ones(tin
             assert got["fisher"] <= tensor["totals"]["fisher"] * (1 + 1e-6) + 1e-12
 
 
+@pytest.mark.parametrize("sampler", [JobSampler(), JobSampler(temperature=0.7)])
+def test_a_light_summary_has_the_full_summarys_totals(tiny_random, sampler):
+    """A partial result's totals are the final ones' definition: the same numbers from the same sums
+    (on- and off-policy, where the uncentered and raw Fisher have their own terms)."""
+    from workers.engine import CURVE_STATS
+    from workers.fisher.model_summary import model_summary
+    from workers.fisher.position import HeadLayout
+
+    sums = run_analysis(tiny_random, _job(tiny_random, sampler=sampler)).sequence.sums
+    layout = HeadLayout.of(tiny_random.model)
+    full, light = (
+        model_summary(sums, layout.head_name, layout.embedding_name, CURVE_STATS, light=light)
+        for light in (False, True)
+    )
+    assert light["concentration"] is None and light["top_coordinates"] is None
+    assert light["totals"] == full["totals"]
+    assert light["tensors"] == [{k: v for k, v in t.items() if k != "concentration"} for t in full["tensors"]]
+    assert light["layers"] == full["layers"] and light["kinds"] == full["kinds"]
+
+
 def test_a_response_has_no_partial_results_and_a_one_hot_mu_stores_no_fisher(tiny_random):
     partials: list = []
     job = _job(tiny_random, continuation=" tea", sampler=JobSampler(kind="data"))

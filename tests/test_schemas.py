@@ -170,8 +170,8 @@ def test_cost_exact_matches_design_figure() -> None:
     job = AnalysisJob(model="smollm2-135m", weights_digest="d", input_ids=[1, 2, 3, 4, 5])
     cost = estimate_cost(info, job, flops_per_second=1e12)
     assert cost.directions == 576 and not cost.upper_bound
-    # 576 directions of C_mu, a probe per distinct prefix token of the tied table, the forward
-    assert cost.flops == pytest.approx(2 * (576 + 5 + 1) * 134_515_008 * 5)
+    # 576 directions of C_mu (the tied table's probes summed from them: exact), the forward
+    assert cost.flops == pytest.approx(2 * (576 + 1) * 134_515_008 * 5)
     assert 0.7e12 < cost.flops < 0.8e12
     # the seconds add what the direction pass does not count: a position, its 5 tokens, the ghost form
     # of its squares (576 directions over 5 rows: the engine's rule picks it), the summary
@@ -205,10 +205,15 @@ def test_cost_scales_with_sampler_and_method() -> None:
 
 
 def test_cost_counts_the_tied_tables_probes() -> None:
-    """A tied table sends one probe direction per distinct context token and Fisher formed."""
+    """A tied table sends one probe direction per distinct context token and Fisher formed, except in an
+    exact analysis, which sums each probe's row from its complete basis of directions."""
     untied = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": False})()
     tied = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": True})()
-    job = AnalysisJob(model="m", weights_digest="d", input_ids=[5, 6, 5], continuation_ids=[6, 7])
+    exact = AnalysisJob(model="m", weights_digest="d", input_ids=[5, 6, 5], continuation_ids=[6, 7])
+    assert probe_directions(tied, exact) == [0, 0]
+    assert estimate_flops(tied, exact) == estimate_flops(untied, exact)
+    job = exact.model_copy(update={"method": "mc:16"})
+    assert probe_directions(tied, job.model_copy(update={"method": "truncated:0.5"})) == [2, 2]
     assert probe_directions(untied, job) == [0, 0]
     assert probe_directions(tied, job) == [2, 2]  # {5, 6}, then {5, 6} again: 6 was read before
     off = job.model_copy(update={"sampler": JobSampler(temperature=0.7)})

@@ -8,7 +8,10 @@ backward per chunk), and each block folds them into its own moments right away:
 - a *square group* {(v_j, w_j)} accumulates sum_j w_j (d(v_j^T h)/dtheta)^2 (a Fisher),
 - a *linear group* v accumulates d(v^T h)/dtheta (a first moment such as kbar),
 - an *embedding-row probe* (v, c) keeps only row c of the tied table's input-side gradient (the
-  cross term needs (j_c - jbar)^T u_{(c,k)} for prefix tokens c).
+  cross term needs (j_c - jbar)^T u_{(c,k)} for prefix tokens c). Where a square group's directions
+  are an orthonormal basis, v = sum_j <v, v_j> v_j and the gradient is linear in the direction, so the
+  probe's row is summed from the group's own per-direction rows instead of a backward of its own (a
+  partial result's probe then holds the directions done, as its squares do).
 
 Squares of a matrix are formed "direct" (each direction's [o, i] gradient, cost ~ B o i r) or
 "ghost" (f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s}, M = sum_j w_j delta_j delta_j^T, cost
@@ -59,6 +62,8 @@ class EmbeddingRowProbe:
     param: str  # the tied table
     token_id: int
     vector: torch.Tensor  # [d]
+    group: int = 0  # the square group whose directions ``coordinates`` refer to
+    coordinates: torch.Tensor | None = None  # [r] float64 <v, v_j>; None: a backward of its own
 
 
 @dataclass
@@ -321,18 +326,21 @@ class _DirectionPass:
         self.capture = capture
         self.squares: list[SquareGroup] = squares
         self.linears: list[LinearGroup] = linears
-        self.probes: list[EmbeddingRowProbe] = probes
+        # probes back-propagated (rows of the pass) and probes summed from their square group's rows
+        self.probes: list[EmbeddingRowProbe] = [probe for probe in probes if probe.coordinates is None]
+        self.summed = [probe for probe in probes if probe.coordinates is not None]
+        self.summed_rows: dict[str, torch.Tensor] = {}  # name -> [d] float64, the directions so far
         dtype = capture.hidden.dtype
         # first moments and probes lead, so that every partial result after the first chunk has them;
         # then each square group's directions in the order given (descending eigenvalue for exact)
         self.rows = [_Row("linear", g) for g in range(len(linears))]
-        self.rows += [_Row("probe", g) for g in range(len(probes))]
+        self.rows += [_Row("probe", g) for g in range(len(self.probes))]
         self.rows += [_Row("square", g) for g, s in enumerate(squares) for _ in range(s.vectors.shape[0])]
-        vectors = [x.vector[None] for x in linears] + [p.vector[None] for p in probes]
+        vectors = [x.vector[None] for x in linears] + [p.vector[None] for p in self.probes]
         vectors += [s.vectors for s in squares]
         self.vectors = torch.cat([v.to(dtype) for v in vectors]) if vectors else None  # [B, d]
         self.square_weights = [s.weights.to(dtype) for s in squares]
-        self.square_offsets = [len(linears) + len(probes)]
+        self.square_offsets = [len(linears) + len(self.probes)]
         for s in squares:
             self.square_offsets.append(self.square_offsets[-1] + s.vectors.shape[0])
         self.accumulators = [
@@ -434,6 +442,10 @@ class _DirectionPass:
                 hit = (unique == probe.token_id).nonzero()
                 row = rows[b, int(hit[0, 0])] if hit.numel() else rows.new_zeros(rows.shape[2])
                 self.results.probes[probe.name] = row
+        for probe in self.summed:
+            hit = (unique == probe.token_id).nonzero()
+            if probe.param == block.name and hit.numel():
+                self._sum_probe(probe, start, rows[:, int(hit[0, 0])])
 
     def _fold_generic(self, name: str, start: int, grad: torch.Tensor) -> None:
         count = grad.shape[0]
@@ -445,10 +457,37 @@ class _DirectionPass:
             probe = self.probes[group]
             if probe.param == name:
                 self.results.probes[probe.name] = grad[b][probe.token_id]
+        for probe in self.summed:
+            if probe.param == name:
+                self._sum_probe(probe, start, grad[:, probe.token_id])
+
+    def _sum_probe(self, probe: EmbeddingRowProbe, start: int, rows: torch.Tensor) -> None:
+        """Add this chunk's directions of the probe's square group, each row [b, d] at its coordinate, to
+        the probe's row (in float64: a sum of up to d rows)."""
+        assert probe.coordinates is not None
+        g = probe.group
+        lo, hi = max(self.square_offsets[g], start), min(self.square_offsets[g + 1], start + rows.shape[0])
+        if lo >= hi:
+            return
+        at = probe.coordinates[lo - self.square_offsets[g] : hi - self.square_offsets[g]]
+        value = at.to(torch.float64) @ rows[lo - start : hi - start].to(torch.float64)
+        if probe.name in self.summed_rows:
+            self.summed_rows[probe.name] += value
+        else:
+            self.summed_rows[probe.name] = value
 
     def finish(self, keep: bool = False) -> DirectionResults:
         """The results; ``keep``: a snapshot of what the chunks so far give, the pass going on."""
         results = DirectionResults(probes=dict(self.results.probes), shared=True) if keep else self.results
+        for probe in self.summed:  # no square direction done yet: the probe's row is zero so far
+            row = self.summed_rows.get(probe.name)
+            results.probes[probe.name] = (
+                probe.vector.new_zeros(self.capture.shapes[probe.param][-1])
+                if row is None
+                else row.clone()
+                if keep
+                else row
+            )
         for square, acc in zip(self.squares, self.accumulators, strict=True):
             results.squares[square.name] = acc.finalize(self.capture, keep)
         for linear, sums in zip(self.linears, self.linear_sums, strict=True):

@@ -48,6 +48,9 @@ class SecondMomentPlan:
     probes: dict[int, torch.Tensor]  # prefix token id -> [d] float64
     kept_share: float  # share of trace(C_q) the directions carry (1 for exact)
     missing_estimate: float  # estimated input-side Fisher the dropped directions would add, as a share
+    # the vectors are an orthonormal basis of the whole hidden space (every eigenvector of a full-rank
+    # C_q): any vector, a probe's included, is the sum of its coordinates on them
+    complete_basis: bool = False
 
 
 def second_moment_plan(
@@ -81,6 +84,7 @@ def second_moment_plan(
         kept_share=kept_share,
         # assumes the dropped directions are seen like the kept ones, per unit of eigenvalue
         missing_estimate=(1 - kept_share) / kept_share if kept_share > 0 else 0.0,
+        complete_basis=keep == covariance.eigenvectors.shape[0],
     )
 
 

@@ -134,11 +134,22 @@ def each_tensor(sums: MomentSums, work: Callable[[str], _Result], names: list[st
 class _ModelPass:
     """State shared by the two passes of ``model_summary``."""
 
-    def __init__(self, sums: MomentSums, head_name: str, embedding_name: str, curve_stats: tuple[str, ...]):
+    def __init__(
+        self,
+        sums: MomentSums,
+        head_name: str,
+        embedding_name: str,
+        curve_stats: tuple[str, ...],
+        light: bool = False,
+    ):
         self.sums = sums
         self.head_name, self.embedding_name = head_name, embedding_name
-        self.curve = _distinct_stats(sums, curve_stats)
-        self.top_stats = _distinct_stats(sums, TOP_STATS)
+        # the curve stats are binned in the first pass and their totals are the histograms' float64 sums,
+        # light or not: a partial's totals are the final ones' (and a histogram cost less than forming the
+        # raw Fisher to sum it); only a full summary keeps the histograms, for curves and a second pass
+        self.binned = _distinct_stats(sums, curve_stats)
+        self.curve = [] if light else self.binned
+        self.top_stats = [] if light else _distinct_stats(sums, TOP_STATS)
         self.tensors: list[dict[str, Any]] = []
         self.layers: dict[int | str, _Group] = {}
         self.kinds: dict[str, _Group] = {}
@@ -148,7 +159,7 @@ class _ModelPass:
         self.totals_of = dict(_TOTALS, **(_REWARD_TOTALS if sums.has_reward else {}))
         # every stat that is formed: the curves', the top coordinates' and the totals'; a stat equal to
         # another by construction is formed once, for all of them, and one zero by construction not at all
-        self.formed = _distinct_stats(sums, (*self.curve, *self.top_stats, *self.totals_of))
+        self.formed = _distinct_stats(sums, (*self.binned, *self.top_stats, *self.totals_of))
         self.aliases = {stat: [s for s in self.totals_of if sums.alias(s) == stat] for stat in self.formed}
         self.total_keys = [key for key, _ in _TOTALS.values()] + ["rho_mean"]
         self.total_keys += [key for key, _ in _REWARD_TOTALS.values()] if sums.has_reward else []
@@ -190,7 +201,7 @@ class _ModelPass:
         hists: dict[str, Histogram] = dict(joint.hists)
         candidates: dict[str, list[Candidate]] = {}
         for stat in self.formed:
-            if stat in self.curve:
+            if stat in self.binned:
                 # binned from its terms, unformed; its totals are the histogram's (float64) sums, and its
                 # top coordinates are found in the second pass
                 if stat not in hists:
@@ -211,18 +222,19 @@ class _ModelPass:
                 candidates[stat] = _top_candidates(name, value, stat in SIGNED_STATS)
         found["rho_mean"] = self._rho_mean(name) if joint.rho_mean is None else joint.rho_mean
         # the order of the contract's totals; a stat zero by construction was never formed: 0
-        return _First({key: found.get(key, 0.0) for key in self.total_keys}, hists, candidates)
+        totals = {key: found.get(key, 0.0) for key in self.total_keys}
+        return _First(totals, {stat: hists[stat] for stat in self.curve}, candidates)
 
     def _joint(self, name: str) -> _Joint:
-        """The one pass of ``first`` on the CPU: the curve stats that are sums of stored arrays, the first
-        stat whose totals are only a sum of squares of a stored array, and rho's mean."""
+        """The one pass of ``first`` on the CPU: the binned stats that are sums of stored arrays, the
+        first stat whose totals are only a sum of squares of a stored array, and rho's mean."""
         sums = self.sums
-        binned = {stat: terms for stat in self.curve if (terms := sums.terms(stat, name)) is not None}
+        binned = {stat: terms for stat in self.binned if (terms := sums.terms(stat, name)) is not None}
         squared = next(
             (
                 stat
                 for stat in self.formed
-                if stat not in self.curve
+                if stat not in self.binned
                 and stat not in self.top_stats
                 and self.aliases[stat]
                 and all(self.totals_of[alias][1] for alias in self.aliases[stat])
@@ -410,10 +422,10 @@ def model_summary(
 ) -> dict:
     """Totals per tensor / layer / kind, concentration, top coordinates, top-q overlap.
 
-    ``light``: totals only (one pass, no histograms): concentration, top coordinates and overlap are
+    ``light``: totals only (one pass; no histogram kept): concentration, top coordinates and overlap are
     null. What a partial result can afford after each chunk of directions.
     """
-    work = _ModelPass(sums, head_name, embedding_name, () if light else curve_stats)
+    work = _ModelPass(sums, head_name, embedding_name, curve_stats, light)
     try:
         return _summarize(work, sums, curve_stats, light)
     finally:
@@ -421,8 +433,6 @@ def model_summary(
 
 
 def _summarize(work: _ModelPass, sums: MomentSums, curve_stats: tuple[str, ...], light: bool) -> dict:
-    if light:
-        work.top_stats = []
     for name, first in zip(sums.names, work.each_tensor(work.first, sums.names), strict=True):
         work.record_first(name, first)
     if light:

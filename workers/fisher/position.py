@@ -167,9 +167,18 @@ def position_moments(
         centered_reward = inputs.reward - reward_mean
         reward_std = float((inputs.mu @ centered_reward.square()).sqrt())
         linears.append(LinearGroup("policy_grad", jacobian.combine(inputs.mu * centered_reward)))
+    # a probe is summed from its group's per-direction rows where those directions are a complete basis
+    # (exact, full-rank C_q): one backward per prefix token less (25 of 601 directions at 32 tokens)
     probes = [
-        EmbeddingRowProbe(f"{name}:{c}", layout.head_name, c, vector)
-        for name, plan in plans.items()
+        EmbeddingRowProbe(
+            f"{name}:{c}",
+            layout.head_name,
+            c,
+            vector,
+            group=group,
+            coordinates=plan.vectors @ vector if plan.complete_basis else None,
+        )
+        for group, (name, plan) in enumerate(plans.items())
         for c, vector in plan.probes.items()
     ]
     build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, cov_p, reward_mean, reward_std)
