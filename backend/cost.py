@@ -89,16 +89,18 @@ def probe_directions(info: SizedModel, job: AnalysisJob) -> list[int]:
 
     A tied table is also the input embedding, and the cross term of its rows needs one direction per
     distinct token the context reads, per Fisher formed (under mu, and under p off the policy): on a
-    long response with few directions (Monte Carlo) they are most of the backward. None for an exact
-    analysis, whose directions are a complete basis that each probe's row is summed from (the engine
-    back-propagates them only where C_q is rank-deficient, which the estimate does not foresee). An
-    upper bound: a token that mu (or p) gives no mass needs none, and a response still to be sampled
-    counts as all distinct.
+    long response with few directions (Monte Carlo) they are most of the backward. An exact analysis
+    sums a Fisher's probes from its directions where they are a complete basis (a full-rank C_q): under
+    p always (full support), under mu unless top-k caps its rank below d_model (a rank that top-p's
+    nucleus caps is not foreseen). A token that mu (or p) gives no mass needs none, and a response still
+    to be sampled counts as all distinct.
     """
-    if not info.tied_embeddings or parse_method(job.method)[0] == MethodName.exact:
-        return [0] * len(context_lengths(job))
     s = job.sampler
     fishers = 1 if is_on_policy(s.kind, s.temperature, s.top_k, s.top_p, s.engine) else 2
+    if parse_method(job.method)[0] == MethodName.exact:
+        fishers = 0 if sampler_directions(info.d_model, job) == info.d_model else 1
+    if not info.tied_embeddings or not fishers:
+        return [0] * len(context_lengths(job))
     if not job.continuation_ids and job.continuation_sample:
         return [fishers * n for n in context_lengths(job)]
     ids = [*job.input_ids, *job.continuation_ids]

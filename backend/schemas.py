@@ -136,8 +136,9 @@ class PartialResult(BaseModel):
     kept_share: float = Field(..., ge=0.0, le=1.0, description="share of the C_mu trace the result covers")
     result: dict[str, Any] = Field(
         ...,
-        description="the summary schema from the directions done (a lower bound); concentration, "
-        "top_coordinates and overlap are null until the analysis is done",
+        description="the summary schema from the directions done: the Fisher of C_mu truncated to them, a "
+        "lower bound but on the rows of a tied table that the context reads (their cross term has either "
+        "sign); concentration, top_coordinates and overlap are null until the analysis is done",
     )
 
 

@@ -212,6 +212,10 @@ def test_cost_counts_the_tied_tables_probes() -> None:
     exact = AnalysisJob(model="m", weights_digest="d", input_ids=[5, 6, 5], continuation_ids=[6, 7])
     assert probe_directions(tied, exact) == [0, 0]
     assert estimate_flops(tied, exact) == estimate_flops(untied, exact)
+    # top-k caps C_mu's rank below d_model: its directions are no complete basis, mu's probes run (p's
+    # Fisher, off the policy, has full support and sums its own)
+    capped = exact.model_copy(update={"sampler": JobSampler(top_k=5)})
+    assert probe_directions(tied, capped) == [2, 2]
     job = exact.model_copy(update={"method": "mc:16"})
     assert probe_directions(tied, job.model_copy(update={"method": "truncated:0.5"})) == [2, 2]
     assert probe_directions(untied, job) == [0, 0]

@@ -443,8 +443,10 @@ class _DirectionPass:
                 row = rows[b, int(hit[0, 0])] if hit.numel() else rows.new_zeros(rows.shape[2])
                 self.results.probes[probe.name] = row
         for probe in self.summed:
+            if probe.param != block.name:
+                continue
             hit = (unique == probe.token_id).nonzero()
-            if probe.param == block.name and hit.numel():
+            if hit.numel():
                 self._sum_probe(probe, start, rows[:, int(hit[0, 0])])
 
     def _fold_generic(self, name: str, start: int, grad: torch.Tensor) -> None:

@@ -139,8 +139,9 @@ def position_moments(
     """Every base moment at the last position of ``inputs.context_ids``.
 
     ``on_partial(moments, kept_share)``, when given, is called after each chunk of directions but the
-    last: ``moments()`` assembles what the directions so far give (the truncated lower bound, first
-    moments exact), ``kept_share`` is the share of trace(C_mu) they carry.
+    last: ``moments()`` assembles what the directions so far give (the result of C_q truncated to them:
+    a lower bound but on a tied table's context rows, whose cross term has either sign; first moments
+    exact), ``kept_share`` is the share of trace(C_mu) they carry.
     """
     layout = HeadLayout.of(model)
     capture = capture or capture_forward(model, inputs.context_ids)
