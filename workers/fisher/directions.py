@@ -287,6 +287,12 @@ class _SquareAccumulator:
         return sums.values
 
 
+def _row_of(unique: torch.Tensor, token_id: int) -> int | None:
+    """Where ``token_id`` is among an embedding's looked-up rows (None: the context does not read it)."""
+    hit = (unique == token_id).nonzero()
+    return int(hit[0, 0]) if hit.numel() else None
+
+
 def _rows(uses: list, grads: tuple, count: int) -> torch.Tensor:
     """[b, r, o]: the uses' output gradients, rows concatenated (zeros where a use does not reach h)."""
     parts = []
@@ -329,7 +335,14 @@ class _DirectionPass:
         # probes back-propagated (rows of the pass) and probes summed from their square group's rows
         self.probes: list[EmbeddingRowProbe] = [probe for probe in probes if probe.coordinates is None]
         self.summed = [probe for probe in probes if probe.coordinates is not None]
-        self.summed_rows: dict[str, torch.Tensor] = {}  # name -> [d] float64, the directions so far
+        # name -> [d] float64, the directions so far (zeros before the first: a partial may come before
+        # a group's first chunk, off the policy)
+        self.summed_rows = {
+            probe.name: torch.zeros(
+                capture.shapes[probe.param][-1], dtype=torch.float64, device=probe.vector.device
+            )
+            for probe in self.summed
+        }
         dtype = capture.hidden.dtype
         # first moments and probes lead, so that every partial result after the first chunk has them;
         # then each square group's directions in the order given (descending eigenvalue for exact)
@@ -374,15 +387,24 @@ class _DirectionPass:
             if grad is not None:
                 self._fold_generic(name, start, grad)
 
+    def _group_slices(self, g: int, start: int, count: int) -> tuple[slice, slice, bool] | None:
+        """Square group g's directions in the chunk of ``count`` from ``start``: (their slice of the
+        chunk, their slice of the group, whether the group ends in this chunk); None when it has none."""
+        lo = max(self.square_offsets[g], start)
+        hi = min(self.square_offsets[g + 1], start + count)
+        if lo >= hi:
+            return None
+        first = self.square_offsets[g]
+        return slice(lo - start, hi - start), slice(lo - first, hi - first), hi == self.square_offsets[g + 1]
+
     def _square_slices(self, start: int, count: int):
         """(accumulator, local slice of this chunk, weights, whether the group ends in this chunk) for
         each square group the chunk touches."""
         for g, acc in enumerate(self.accumulators):
-            lo = max(self.square_offsets[g], start)
-            hi = min(self.square_offsets[g + 1], start + count)
-            if lo < hi:
-                weights = self.square_weights[g][lo - self.square_offsets[g] : hi - self.square_offsets[g]]
-                yield acc, slice(lo - start, hi - start), weights, hi == self.square_offsets[g + 1]
+            found = self._group_slices(g, start, count)
+            if found is not None:
+                local, own, last = found
+                yield acc, local, self.square_weights[g][own], last
 
     def _other_rows(self, start: int, count: int, kind: str) -> list[tuple[int, int]]:
         """(position in the chunk, group) of the chunk's linear or probe rows."""
@@ -439,15 +461,12 @@ class _DirectionPass:
         for b, group in self._other_rows(start, count, "probe"):
             probe = self.probes[group]
             if probe.param == block.name:
-                hit = (unique == probe.token_id).nonzero()
-                row = rows[b, int(hit[0, 0])] if hit.numel() else rows.new_zeros(rows.shape[2])
-                self.results.probes[probe.name] = row
+                at = _row_of(unique, probe.token_id)
+                self.results.probes[probe.name] = rows.new_zeros(rows.shape[2]) if at is None else rows[b, at]
         for probe in self.summed:
-            if probe.param != block.name:
-                continue
-            hit = (unique == probe.token_id).nonzero()
-            if hit.numel():
-                self._sum_probe(probe, start, rows[:, int(hit[0, 0])])
+            at = _row_of(unique, probe.token_id) if probe.param == block.name else None
+            if at is not None:
+                self._sum_probe(probe, start, rows[:, at])
 
     def _fold_generic(self, name: str, start: int, grad: torch.Tensor) -> None:
         count = grad.shape[0]
@@ -467,29 +486,16 @@ class _DirectionPass:
         """Add this chunk's directions of the probe's square group, each row [b, d] at its coordinate, to
         the probe's row (in float64: a sum of up to d rows)."""
         assert probe.coordinates is not None
-        g = probe.group
-        lo, hi = max(self.square_offsets[g], start), min(self.square_offsets[g + 1], start + rows.shape[0])
-        if lo >= hi:
-            return
-        at = probe.coordinates[lo - self.square_offsets[g] : hi - self.square_offsets[g]]
-        value = at.to(torch.float64) @ rows[lo - start : hi - start].to(torch.float64)
-        if probe.name in self.summed_rows:
-            self.summed_rows[probe.name] += value
-        else:
-            self.summed_rows[probe.name] = value
+        found = self._group_slices(probe.group, start, rows.shape[0])
+        if found is not None:
+            local, own, _ = found
+            self.summed_rows[probe.name] += probe.coordinates[own] @ rows[local].to(torch.float64)
 
     def finish(self, keep: bool = False) -> DirectionResults:
         """The results; ``keep``: a snapshot of what the chunks so far give, the pass going on."""
         results = DirectionResults(probes=dict(self.results.probes), shared=True) if keep else self.results
-        for probe in self.summed:  # no square direction done yet: the probe's row is zero so far
-            row = self.summed_rows.get(probe.name)
-            results.probes[probe.name] = (
-                probe.vector.new_zeros(self.capture.shapes[probe.param][-1])
-                if row is None
-                else row.clone()
-                if keep
-                else row
-            )
+        for name, row in self.summed_rows.items():  # a snapshot's copy: the pass adds on into the row
+            results.probes[name] = row.clone() if keep else row
         for square, acc in zip(self.squares, self.accumulators, strict=True):
             results.squares[square.name] = acc.finalize(self.capture, keep)
         for linear, sums in zip(self.linears, self.linear_sums, strict=True):
