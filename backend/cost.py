@@ -36,7 +36,9 @@ class SizedModel(Protocol):
 DIRECTION_EFFICIENCY = 1.22  # the batched backward and the block squares against 2 r P t at the matmul rate
 POSITION_FLOPS_PER_PARAM = 200  # per analysed position: forward, C_mu, the moments folded into the sums
 CONTEXT_TOKEN_FLOPS_PER_PARAM = 70  # per context token of each position: activations kept, attention
-GHOST_PAIR_FLOPS_PER_PARAM = 4.3  # times n (n + 1) per position in the ghost form: its squares, M
+# 4.3 until M's pairs were summed in register blocks (its moments 3.1 -> 1.8 s at 32 tokens): the
+# benchmark's 32-token estimate went to 1.21x, the 64-token one stayed at 1.02x
+GHOST_PAIR_FLOPS_PER_PARAM = 2.5  # times n (n + 1) per position in the ghost form: its squares, M
 SUMMARY_FLOPS_PER_PARAM = 600  # once, measured: totals, concentration curves, top coordinates
 
 

@@ -121,11 +121,14 @@ def _ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return m_pairs.T @ features  # [o, i]
 
 
-# up to here M's pairs by rows (a compiled loop, one core, blocks shared among threads) beat a batch of
+# up to here M's pairs by rows (a compiled kernel, one core, blocks shared among threads) beat a batch of
 # tiny Grams (one per output), and keep half the memory ([pairs, o], not [o, r, r]), so that more blocks
 # take the ghost form within its budget. On an AVX-512 EPYC, 25 directions, one core, 32 rows: 0.76
 # against 1.84 ms for 576 outputs, 2.15 against 2.63 for 1536; 64 rows: a tie. SmolLM2 exact at 64
-# tokens: 143 s with Grams past 32 rows, 116 s with rows up to 64 (12 on the machine first measured)
+# tokens: 143 s with Grams past 32 rows, 116 s with rows up to 64 (12 on the machine first measured).
+# With the kernel's register blocks (the figures above were its loop of a pair at a time) rows win past
+# 64 too (96 rows, 8 directions: 2.1 against 2.3 ms at 576 outputs, 10 against 22 at 1536); left at 64
+# until a long exact prefix is measured with them, as the cost model's ghost term was fitted up to 64
 GHOST_ROWWISE_MAX_ROWS = 64
 
 
@@ -542,6 +545,9 @@ def backprop_directions(
     for start, stop in zip(bounds, bounds[1:], strict=False):
         grads = batched_grad(hidden, targets, work.vectors[start:stop])
         work.fold(start, stop - start, grads)
+        # freed before the next chunk's backward, which then reuses the pages: held until it returned,
+        # they made it touch as much new memory (SmolLM2, 5 tokens: 1e5 page faults, 0.5 s in the kernel)
+        del grads
         if progress is not None:
             progress(stop / total)
         if on_chunk is not None and lead < stop < total:  # a partial result holds some of the trace
