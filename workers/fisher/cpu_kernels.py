@@ -360,7 +360,7 @@ def _pair_block(typingctx, tile, weights, left, right, step, count, out, out_at,
     * tile[right + b step + j lanes : +lanes] for the block's i < height, j < breadth (j >= i on the
     diagonal), ``shape`` = ``_pair_shape_key(height, breadth, diagonal)``. ``tile`` (flat): each
     direction's rows, one vector of lanes each, ``step`` apart. The sums stay in registers for all b."""
-    if tile.dtype not in (types.float32, types.float64):
+    if tile.dtype not in (types.float32, types.float64) or out_at.dtype != types.int64:
         return None
 
     def codegen(context, builder, signature, args):
@@ -370,8 +370,8 @@ def _pair_block(typingctx, tile, weights, left, right, step, count, out, out_at,
         values = context.make_array(signature.args[0])(context, builder, args[0]).data
         weight_of = context.make_array(signature.args[1])(context, builder, args[1]).data
         totals = context.make_array(signature.args[6])(context, builder, args[6]).data
+        out_rows = context.make_array(signature.args[7])(context, builder, args[7]).data
         left_at, right_at, direction_step, directions = args[2:6]
-        row_at = cgutils.unpack_tuple(builder, args[7], _PAIR_BLOCK)
         out_step = args[8]
         fma_name = f"llvm.fma.v{lanes}f{32 if tile.dtype == types.float32 else 64}"
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3), fma_name)
@@ -421,6 +421,7 @@ def _pair_block(typingctx, tile, weights, left, right, step, count, out, out_at,
                 results[e] = builder.phi(vector)
                 results[e].add_incoming(zero, entry)
                 results[e].add_incoming(added[e], last)
+            row_at = [builder.load(builder.gep(out_rows, [ir.Constant(i64, i)])) for i in range(height)]
             for (i, j), value in results.items():
                 pointer = at(totals, builder.add(row_at[i], builder.mul(out_step, ir.Constant(i64, j))))
                 builder.store(builder.fadd(builder.load(pointer, align=align), value), pointer, align=align)
@@ -448,6 +449,7 @@ def _pair_moments_into(delta, weights, out):  # pragma: no cover - compiled
     first = np.empty(rows, np.int64)  # M's row of the pair (r, r)
     for r in range(rows):
         first[r] = r * rows - r * (r - 1) // 2
+    out_at = np.empty(_PAIR_BLOCK, np.int64)  # where a block's row i of pairs starts in ``totals``
     # one vector of outputs of every row and direction, copied together: read in place, rows width
     # apart (6 kB at 1536 outputs) fall into a few cache sets and evict each other
     tile = np.empty(count * rows * lanes, delta.dtype)
@@ -459,14 +461,8 @@ def _pair_moments_into(delta, weights, out):  # pragma: no cover - compiled
         for r in range(0, rows, _PAIR_BLOCK):
             height = min(_PAIR_BLOCK, rows - r)
             for s in range(r, rows, _PAIR_BLOCK):
-                # M's row of the pair (r + i, s + j) is first[r + i] + s + j - r - i (the kernel adds j);
-                # a row i past the last is never written
-                out_at = (
-                    (first[r] + s - r) * width + o,
-                    (first[min(r + 1, rows - 1)] + s - r - 1) * width + o,
-                    (first[min(r + 2, rows - 1)] + s - r - 2) * width + o,
-                    (first[min(r + 3, rows - 1)] + s - r - 3) * width + o,
-                )
+                for i in range(height):  # the pair (r + i, s + j) is M's row first[r + i] + s + j - r - i
+                    out_at[i] = (first[r + i] + s - r - i) * width + o
                 shape = _pair_shape_key(height, min(_PAIR_BLOCK, rows - s), r == s)
                 _pair_block(
                     tile, weights, r * lanes, s * lanes, rows * lanes, count, totals, out_at, width, shape
