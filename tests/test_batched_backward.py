@@ -246,6 +246,30 @@ def test_chunks_and_snapshots_between_them_give_the_squares_of_one_chunk():
         torch.testing.assert_close(chunked[name], value, rtol=1e-12, atol=1e-14)
 
 
+def test_a_snapshot_adds_into_copies_of_the_running_sums_it_reads():
+    """A snapshot's squares read the running sums; what it adds (ghost blocks' squares, an expert's slice)
+    goes into copies of them, never into the sums the pass goes on with."""
+    from workers.fisher.directions import _Sums
+
+    running = _Sums({"dense": (2, 3), "experts": (2, 2, 3), "fresh": (3,)})
+    running.add("dense", torch.ones(2, 3))
+    running.add("experts", torch.ones(2, 2, 3))
+    snapshot = running.borrowed()
+    assert snapshot.values["dense"] is running.values["dense"]  # read, not copied
+    snapshot.add("dense", torch.full((2, 3), 2.0))
+    snapshot.add("experts", torch.full((2, 3), 3.0), index=1)
+    snapshot.add("experts", torch.full((2, 3), 3.0), index=1)  # the copy's own from here on
+    snapshot.add("fresh", torch.ones(3))
+    torch.testing.assert_close(running.values["dense"], torch.ones(2, 3))
+    torch.testing.assert_close(running.values["experts"], torch.ones(2, 2, 3))
+    assert "fresh" not in running.values
+    torch.testing.assert_close(snapshot.values["dense"], torch.full((2, 3), 3.0))
+    torch.testing.assert_close(snapshot.values["experts"][0], torch.ones(2, 3))
+    torch.testing.assert_close(snapshot.values["experts"][1], torch.full((2, 3), 7.0))
+    running.add("dense", torch.ones(2, 3))  # the pass goes on: the snapshot keeps its own
+    torch.testing.assert_close(snapshot.values["dense"], torch.full((2, 3), 3.0))
+
+
 @pytest.mark.parametrize("budget_directions", [64, 3])
 def test_a_probe_summed_from_a_complete_basis_is_its_own_backward(budget_directions):
     """Where a square group's directions are an orthonormal basis, a tied-table probe's row is the sum of

@@ -37,7 +37,7 @@ from workers.fisher.concentration import (
     thresholds,
 )
 from workers.fisher.grouping import layer_of, module_kind
-from workers.fisher.stats import MomentSums
+from workers.fisher.stats import MomentSums, square_total
 
 TOP_COORDINATES = 50
 TOP_STATS = ("fisher", "uncentered", "raw", "mean_shift", "policy_grad")
@@ -293,11 +293,7 @@ class _ModelPass:
 
     @staticmethod
     def _total(value: torch.Tensor, squared: bool) -> float:
-        if not squared:
-            return float(value.sum())
-        if value.device.type == "cpu":  # float64 sums, no square formed (a float32 dot is 5e-4 off at 1e7)
-            return cpu_kernels.square_sum(value)
-        return float(value.double().square().sum())
+        return square_total([value]) if squared else float(value.sum())
 
     def groups(self) -> dict:
         return {

@@ -141,7 +141,7 @@ def position_moments(
     ``on_partial(moments, kept_share)``, when given, is called after each chunk of directions but the
     last: ``moments()`` assembles what the directions so far give (the result of C_q truncated to them:
     a lower bound but on a tied table's context rows, whose cross term has either sign; first moments
-    exact), ``kept_share`` is the share of trace(C_mu) they carry.
+    exact; read before ``on_partial`` returns), ``kept_share`` is the share of trace(C_mu) they carry.
     """
     layout = HeadLayout.of(model)
     capture = capture or capture_forward(model, inputs.context_ids)
@@ -221,27 +221,34 @@ class _Assembly:
     def __call__(self, results: DirectionResults) -> PositionMoments:
         layout, h, inputs = self.layout, self.h, self.inputs
         head = HeadTerms(layout, h, self.jacobian.head_scale())
-        owned = not results.shared  # a snapshot's tensors are still the running pass's sums
+
+        # the head's closed form goes into the results' own head tensor, a copy where a snapshot's is
+        # still the running pass's sum
+        def own(group: str) -> bool:
+            return results.owns(group, layout.head_name)
+
         second: dict[str, Params] = {}
         for name, plan in self.plans.items():
             params = head.assemble(
-                results.squares.get(name), plan.head_coefficient, squared=True, in_place=owned
+                results.squares.get(name), plan.head_coefficient, squared=True, in_place=own(name)
             )
             for c in plan.probes:  # tied cross term, rows the context reads only
                 row = results.probes.get(f"{name}:{c}")
                 if row is not None:
                     params[layout.head_name][c] += 2 * head.scale[c].to(h.dtype) * h * row.to(h.dtype)
             second[name] = params
-        kbar_mu = head.assemble(results.linears.get("kbar_mu"), inputs.mu, in_place=owned)
+        kbar_mu = head.assemble(results.linears.get("kbar_mu"), inputs.mu, in_place=own("kbar_mu"))
         kbar_p = (
             kbar_mu
             if inputs.on_policy
-            else head.assemble(results.linears.get("kbar_p"), inputs.p, in_place=owned)
+            else head.assemble(results.linears.get("kbar_p"), inputs.p, in_place=own("kbar_p"))
         )
         policy_grad = None
         if self.reward_mean is not None and inputs.reward is not None:
             centered = inputs.mu * (inputs.reward - self.reward_mean)
-            policy_grad = head.assemble(results.linears.get("policy_grad"), centered, in_place=owned)
+            policy_grad = head.assemble(
+                results.linears.get("policy_grad"), centered, in_place=own("policy_grad")
+            )
         plan_mu = self.plans["fisher"]
         return PositionMoments(
             fisher=second["fisher"],

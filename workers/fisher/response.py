@@ -17,7 +17,7 @@ from workers.fisher.capture import capture_forward
 from workers.fisher.methods import Method
 from workers.fisher.position import HeadLayout, PositionInputs, PositionMoments, position_moments
 from workers.fisher.sampler import SamplerConfig, model_distribution, sampler_distribution
-from workers.fisher.stats import MomentSums
+from workers.fisher.stats import MomentSums, square_total
 
 Progress = Callable[[str, float], None]
 SequencePartial = Callable[[Callable[[], "SequenceAnalysis"], float], None]
@@ -63,12 +63,13 @@ def next_token_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def _position_totals(m: PositionMoments, on_policy: bool) -> dict[str, float]:
     fisher = sum(float(v.sum()) for v in m.fisher.values())
-    common_sq = sum(float(v.square().sum()) for v in m.kbar_p.values())
+    common_sq = square_total(list(m.kbar_p.values()))
     if on_policy:
         shift_sq, raw = 0.0, fisher + common_sq
     else:
-        shift_sq = sum(float((m.kbar_mu[n] - m.kbar_p[n]).square().sum()) for n in m.kbar_mu)
-        raw = fisher + sum(float(v.square().sum()) for v in m.kbar_mu.values())
+        # one difference at a time: all of them at once would be another P-sized array
+        shift_sq = sum(square_total([m.kbar_mu[n] - m.kbar_p[n]]) for n in m.kbar_mu)
+        raw = fisher + square_total(list(m.kbar_mu.values()))
     totals = {
         "fisher": fisher,
         "uncentered": fisher + shift_sq,
@@ -77,7 +78,7 @@ def _position_totals(m: PositionMoments, on_policy: bool) -> dict[str, float]:
         "common_sq": common_sq,
     }
     if m.policy_grad is not None and m.reward_std is not None:
-        totals["policy_grad_sq"] = sum(float(v.square().sum()) for v in m.policy_grad.values())
+        totals["policy_grad_sq"] = square_total(list(m.policy_grad.values()))
         totals["bound"] = m.reward_std * sum(float(v.clamp_min(0).sqrt().sum()) for v in m.fisher.values())
     return totals
 
@@ -98,7 +99,8 @@ def analyze_sequence(
     """Analyse the prefix's next token, or every response position when a continuation is given.
 
     ``on_partial(snapshot, kept_share)``: for a prefix (one position), called after each chunk of
-    directions but the last; ``snapshot()`` is the analysis the directions so far give.
+    directions but the last; ``snapshot()`` is the analysis the directions so far give, to be read
+    before ``on_partial`` returns.
     """
     layout = HeadLayout.of(model)
     full = torch.cat([prefix_ids, continuation_ids])
@@ -147,9 +149,7 @@ def analyze_sequence(
         result.positions.append(_record(inputs, moments, target))
         sums.add(moments)
         if not sampler.is_on_policy:
-            result.accumulated_shift_sq.append(
-                sum(float(v.square().sum()) for v in sums.sums.get("mean_shift", {}).values())
-            )
+            result.accumulated_shift_sq.append(square_total(list(sums.sums.get("mean_shift", {}).values())))
         del moments
     if sampler.kind == "data" and continuation_ids.numel():
         result.sft_gradient = log_likelihood_gradient(model, prefix_ids, continuation_ids)
