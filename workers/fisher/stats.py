@@ -68,11 +68,11 @@ class MomentSums:
                 self._add("mean_shift", name, shift)
                 self._add("fisher_p", name, m.fisher_p[name])
                 if track_squares:
-                    self._add("mean_shift_sq", name, shift.square())
-                    self._add("kbar_mu_sq", name, kmu.square())
+                    self._add_square("mean_shift_sq", name, shift)
+                    self._add_square("kbar_mu_sq", name, kmu)
             self._add("common", name, kp)
             if track_squares:
-                self._add("common_sq", name, kp.square())
+                self._add_square("common_sq", name, kp)
             if m.policy_grad is not None:
                 assert m.reward_std is not None
                 self._add("policy_grad", name, m.policy_grad[name])
@@ -85,15 +85,29 @@ class MomentSums:
             for key, base in self.SQUARED.items():
                 value = self._get(base, name)
                 if value is not None:
-                    self._add(key, name, value.square())
+                    self._add_square(key, name, value)
             shift = self._get("mean_shift", name)
             if shift is not None:
-                self._add("kbar_mu_sq", name, (self.sums["common"][name] + shift).square())
+                self._add_square("kbar_mu_sq", name, self.sums["common"][name] + shift)
 
     def _add(self, key: str, name: str, value: torch.Tensor) -> None:
+        """The first position's tensors are taken as they are (callers hand over fresh moments) and the
+        later positions add into them. Why not a new sum each time: a P-sized array per stat and
+        position (most of them fresh memory) took 0.3-1.0 s of each position's 2.6 s on SmolLM2 at
+        5 + 16 tokens, mc:16."""
         table = self.sums.setdefault(key, {})
-        # the first position's tensors are taken as they are: callers hand over fresh moments
-        table[name] = table[name] + value if name in table else value
+        if name in table:
+            table[name].add_(value)
+        else:
+            table[name] = value
+
+    def _add_square(self, key: str, name: str, value: torch.Tensor) -> None:
+        """``_add`` of value^2, without forming it where a sum is there to add into."""
+        table = self.sums.setdefault(key, {})
+        if name in table:
+            table[name].addcmul_(value, value)
+        else:
+            table[name] = value.square()
 
     def _get(self, key: str, name: str) -> torch.Tensor | None:
         """A stored sum (none for the squares of a single position: those are formed where used)."""
