@@ -134,6 +134,29 @@ def _check_study_comparison(client: TestClient, study_id: str, masks: dict[str, 
 
 
 @pytest.mark.slow
+def test_a_study_is_not_reduced_while_a_part_reads_as_running(tmp_path: Path) -> None:
+    """Between a part writing its file and marking itself done, another part that finishes must not
+    reduce the study: the study would read done with that part still running. The last part to mark
+    itself done reduces it."""
+    from backend.studies import part_id
+    from backend.study_schemas import StudyCreate
+    from workers.study_jobs import execute_study_part, part_path
+
+    ensure_tiny()
+    settings = Settings(results_dir=tmp_path / "results", studies_dir=tmp_path / "studies")
+    service = TestClient(embedded_api(settings)).app.state.studies
+    job, _ = service.normalize(StudyCreate.model_validate({**BODY, "prompts": BODY["prompts"][:2]}))
+    store, study_id = service.store, job.key()
+    execute_study_part(job, 0, store, settings)
+    store.update_meta(part_id(study_id, 0), status="running")  # its file written, its status not yet
+    execute_study_part(job, 1, store, settings)
+    assert (store.get_meta(study_id) or {}).get("status") != "done"
+    assert all(part_path(settings, study_id, i).is_file() for i in range(2))  # nothing reduced
+    execute_study_part(job, 0, store, settings)  # its file is there: it marks itself done, then reduces
+    assert store.get_meta(study_id)["status"] == "done"
+    assert not any(part_path(settings, study_id, i).is_file() for i in range(2))
+
+
 def test_two_redis_workers_give_the_one_worker_study(tmp_path: Path) -> None:
     ensure_tiny()
     connection = redis.Redis.from_url(REDIS_URL)

@@ -94,11 +94,20 @@ def execute_study_part(
             if not isinstance(error, Exception):
                 raise
             return
-    if all(part_path(settings, study_id, i).is_file() for i in range(len(job.prompts))):
-        # the claim is atomic: of two parts finishing together, one reduces (once per submission)
+    # every part's file written and its status done: a part that reduced as soon as the other parts'
+    # files were there could finish the study while one of them still read as running (its file
+    # written, its status not yet). Each part marks itself done before it looks, so the last to do so
+    # sees them all; the claim is atomic: of two parts finishing together, one reduces (once per
+    # submission)
+    if all(_part_done(store, settings, study_id, i) for i in range(len(job.prompts))):
         attempt = reduce_id(study_id, (store.get_meta(study_id) or {}).get("created"))
         if store.claim(attempt, {"status": JobStatus.running.value, "kind": STUDY_KIND}):
             reduce_study(job, store, settings, pool)
+
+
+def _part_done(store: Store, settings: Settings, study_id: str, index: int) -> bool:
+    meta = store.get_meta(part_id(study_id, index)) or {}
+    return meta.get("status") == JobStatus.done.value and part_path(settings, study_id, index).is_file()
 
 
 def reduce_id(study_id: str, submitted: object) -> str:
