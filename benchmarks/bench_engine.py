@@ -123,11 +123,11 @@ def child_exact(model_id: str, device: str, tokens: int) -> dict:
     pooled_start = time.perf_counter()
     analysis.pooled()
     pooled_seconds = time.perf_counter() - pooled_start
-    peak_gb = _peak_gb()  # before the run with partials, whose snapshots copy the running sums
+    peak_gb = _peak_gb()  # before the run with partials, whose snapshots add ghost squares and head copies
     # as the service runs it: light partial summaries after each chunk, the first chunk kept small. A
-    # worker's first analysis with them also touches memory for the snapshots' copies of the running
-    # sums for the first time (as the first run above does for the sums): reported apart, and the
-    # second one is what a warm worker (the service's landing analysis done) gives a person
+    # worker's first analysis with them also touches memory for what the snapshots form (ghost squares,
+    # head copies) for the first time (as the first run above does for the sums): reported apart, and
+    # the second one is what a warm worker (the service's landing analysis done) gives a person
     with_partials = []
     for _ in range(2):
         partials: list[tuple[float, float]] = []

@@ -515,12 +515,11 @@ class _DirectionPass:
         for square, acc in zip(self.squares, self.accumulators, strict=True):
             sums = acc.finalize(self.capture, keep)
             results.squares[square.name] = sums.values
-            if keep:
-                results.lent[square.name] = set(sums.lent)
+            results.lent[square.name] = sums.lent
         for linear, sums in zip(self.linears, self.linear_sums, strict=True):
-            results.linears[linear.name] = dict(sums.values)
-            if keep:
-                results.lent[linear.name] = set(sums.values)
+            sums = sums.borrowed() if keep else sums
+            results.linears[linear.name] = sums.values
+            results.lent[linear.name] = sums.lent
         return results
 
     def done_per_group(self, stop: int) -> list[int]:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from workers.fisher.stats import square_total
 from workers.fisher.study import UNCENTERED, StudyStat
 from workers.studies.masks import LevelMap, level_map, mask_shares
 from workers.studies.runner import StudyPart
@@ -58,7 +59,7 @@ def finish_study(part: StudyPart, spec: StudySpec, model: dict, cost: dict | Non
             "fisher": sums.total(StudyStat.fisher) / per_response,
             "uncentered": sums.total(UNCENTERED) / per_response,
             "mean_shift_norm_sq": sum(
-                float(value.double().square().sum()) for _, value in sums.iter_stat(StudyStat.mean_shift)
+                square_total([value]) for _, value in sums.iter_stat(StudyStat.mean_shift)
             )
             / per_response**2,
         },
