@@ -20,6 +20,7 @@ from workers.fisher.concentration import (
     select_bins,
     select_in_one_pass,
     thresholds,
+    totals_in_one_pass,
 )
 from workers.fisher.terms import StatTerms
 
@@ -89,6 +90,39 @@ def test_selection_is_every_value_of_the_wanted_bins_and_above_a_bin_grouped_by_
     assert found.keys() == wanted
     for b in wanted:
         assert torch.equal(torch.cat(found[b]), values[bins == b].double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("wanted_bins", [3, cpu_kernels.HIT_BINS, cpu_kernels.HIT_BINS + 1])
+def test_a_selection_tested_in_vectors_chooses_what_a_value_by_value_test_chooses(dtype, wanted_bins):
+    """Up to HIT_BINS chosen bins below the top range are tested a vector of values at a time, more
+    value by value; either way every value of a chosen bin and none other, also in the last, short
+    block, for a stat that is a sum with a square (rounded as the selection's float32 bins are)."""
+    n = 100_000 + 7
+    fisher = _values(n, dtype, seed=3)
+    moment = _values(n, dtype, seed=4) - 0.05
+    terms = StatTerms(fisher, moment, squared=True)
+    formed = terms.formed()
+    bins = _bins(formed)
+    present = torch.unique(bins[bins > 0])
+    from_bin = int(present[-3])
+    last_block = bins[n - n % 16 :]
+    in_last_block = int(last_block[(last_block > 0) & (last_block < from_bin - 1)][0])
+    others = present[(present != in_last_block) & (present < from_bin - 1)]  # apart from the top range
+    spread = others[torch.linspace(0, len(others) - 1, wanted_bins - 1).long()]
+    wanted = {in_last_block, *(int(b) for b in spread)}  # a value of the short last block is chosen
+    assert len(wanted) == wanted_bins
+    choice = BinChoice.of(histogram([terms]), wanted, from_bin)
+    chosen = np.zeros((1, N_BINS), dtype=np.bool_)
+    chosen[0] = choice.starts >= 0
+    assert cpu_kernels._hit_bins(chosen)[2] == (wanted_bins <= cpu_kernels.HIT_BINS)
+    keep = (bins > 0) & (torch.isin(bins, torch.tensor(sorted(wanted))) | (bins >= from_bin))
+    expected = torch.nonzero(keep).flatten()
+    expected = expected[torch.sort(bins[expected], stable=True).indices]
+    selection = choice.select(terms)
+    assert torch.equal(selection.index, expected)
+    assert torch.equal(selection.values, formed[expected].double())
+    assert torch.equal(selection.index, choice.select_with_torch(terms).index)
 
 
 def test_a_selection_refuses_a_histogram_of_other_values():
@@ -233,19 +267,28 @@ def _three_stats(n: int) -> tuple[StatTerms, StatTerms, StatTerms, torch.Tensor]
 
 @pytest.mark.parametrize("stats", [1, 2, 3])
 def test_one_pass_gives_what_a_pass_per_quantity_gives(stats):
-    """Histograms of up to three stats, a sum of squares and a share sum, each array read once: the same
-    counts and float64 sums, bit for bit, as each taken in a pass of its own (the same updates in the
-    same order), and selections of up to three stats in one pass the same as one at a time."""
+    """Histograms of up to three stats, each array read once: the same counts and float64 sums, bit for
+    bit, as each taken in a pass of its own (the same updates in the same order); their totals, a sum
+    of squares and a share sum in one pass the same as each alone, and each total the float64 sum of
+    the values its histogram bins; selections of up to three stats in one pass the same as one at a
+    time."""
     *binned, moment = _three_stats(200_003)
     binned = binned[:stats]
     shares = binned[-1] if stats > 1 else StatTerms(binned[0].base, moment.abs())
-    hists, square_sum, share_sum = histograms_in_one_pass(binned, moment, shares)
-    for hist, terms in zip(hists, binned, strict=True):
+    hists = histograms_in_one_pass(binned)
+    totals, square_sum, share_sum = totals_in_one_pass(list(binned), moment, shares)
+    for hist, total, terms in zip(hists, totals, binned, strict=True):
         alone = histogram([terms])
         assert torch.equal(hist.counts, alone.counts)
         assert torch.equal(hist.sums, alone.sums)
         assert hist.total_count == alone.total_count
+        assert totals_in_one_pass([terms])[0] == [total]
+        formed = terms.formed()
+        binned_values = formed[_bins(formed) > 0].double()  # bin 0: zeros, denormals, negatives
+        torch.testing.assert_close(total, float(binned_values.sum()), rtol=1e-12, atol=0.0)
+        torch.testing.assert_close(total, hist.total, rtol=1e-12, atol=0.0)  # the same values
     assert square_sum == cpu_kernels.square_sum(moment)
+    torch.testing.assert_close(square_sum, float(moment.double().square().sum()), rtol=1e-12, atol=0.0)
     assert share_sum / moment.numel() == cpu_kernels.extra_share_mean(shares)
     choices = []
     for hist in hists:
@@ -261,11 +304,15 @@ def test_one_pass_refuses_more_stats_or_arrays_of_other_sizes():
     *binned, moment = _three_stats(1000)
     with pytest.raises(ValueError, match="at most 3"):
         histograms_in_one_pass([*binned, binned[0]])
+    with pytest.raises(ValueError, match="at most 3"):
+        totals_in_one_pass([*binned, binned[0]])
     with pytest.raises(ValueError, match="differ in size"):
-        histograms_in_one_pass(binned, moment[:-1])
+        histograms_in_one_pass([binned[0], StatTerms(moment[:-1].abs())])
+    with pytest.raises(ValueError, match="differ in size"):
+        totals_in_one_pass(list(binned), moment[:-1])
     with pytest.raises(ValueError, match="no share"):
-        histograms_in_one_pass(binned, shares=binned[0])
-    hists, _, _ = histograms_in_one_pass(binned)
+        totals_in_one_pass(list(binned), shares=binned[0])
+    hists = histograms_in_one_pass(binned)
     choices = [BinChoice.of(hist, set(), 1) for hist in hists]
     with pytest.raises(ValueError, match="differ in size"):
         select_in_one_pass([binned[0], StatTerms(moment[:-1].abs())], choices[:2])

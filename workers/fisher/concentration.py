@@ -75,18 +75,25 @@ def histogram(chunks: Iterable[Stat]) -> Histogram:
     return Histogram.binned(counts, sums, total)
 
 
-def histograms_in_one_pass(
-    binned: list[StatTerms], squared: torch.Tensor | None = None, shares: StatTerms | None = None
-) -> tuple[list[Histogram], float, float]:
-    """CPU arrays of one tensor: the ``histogram`` of each of ``binned`` (at most three), with the sum of
-    squares of ``squared`` and of ``shares``'s extra-term shares, each array read once
-    (``cpu_kernels.tensor_pass``)."""
-    found = cpu_kernels.tensor_pass(binned, _SHIFT, N_BINS, squared, shares)
-    hists = [
+def histograms_in_one_pass(binned: list[StatTerms]) -> list[Histogram]:
+    """CPU arrays of one tensor: the ``histogram`` of each of ``binned`` (at most three), each array read
+    once (``cpu_kernels.tensor_pass``)."""
+    found = cpu_kernels.tensor_pass(binned, _SHIFT, N_BINS)
+    return [
         Histogram.binned(counts, sums, terms.base.numel())
         for terms, counts, sums in zip(binned, found.counts, found.sums, strict=True)
     ]
-    return hists, found.square_sum, found.share_sum
+
+
+def totals_in_one_pass(
+    summed: list[Stat], squared: torch.Tensor | None = None, shares: StatTerms | None = None
+) -> tuple[list[float], float, float]:
+    """CPU arrays of one tensor: each of ``summed``'s float64 total over the values its histogram bins
+    (bins > 0: not the zeros, denormals or rounding-level negatives), the sum of squares of ``squared``
+    and the sum of ``shares``'s extra-term shares, each array read once (``cpu_kernels.tensor_totals``).
+    A histogram's ``total`` is the same sum, added in another order."""
+    found = cpu_kernels.tensor_totals([_terms(chunk) for chunk in summed], _SHIFT, squared, shares)
+    return found.sums, found.square_sum, found.share_sum
 
 
 @dataclass

@@ -4,8 +4,10 @@ curves, top coordinates and the top-q overlap of Fisher and policy gradient.
 Two passes over the tensors: pass 1 takes totals, histograms (``concentration``) and the top
 candidates of stats without a curve; pass 2 keeps only the values in the boundary bins, for the exact
 named shares per tensor (Fisher) and over the model, and the top coordinates of the curve stats. On the
-CPU each pass reads a tensor's stored arrays once for every stat that is a sum of them (the Fisher, the
-uncentered and raw Fisher, a sum of squares, rho); a stat that has to be formed is formed once per pass.
+CPU the totals (the Fisher, the uncentered and raw Fisher, a sum of squares, rho) come from one pass
+over a tensor's stored arrays and its histograms from another, each reading the arrays once for every
+stat that is a sum of them; a stat that has to be formed is formed once per pass. A light summary (a
+partial result's) takes the totals only: the same sums, so a partial's totals are the final ones'.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from workers.fisher.concentration import (
     plans_of,
     select_in_one_pass,
     thresholds,
+    totals_in_one_pass,
 )
 from workers.fisher.grouping import layer_of, module_kind
 from workers.fisher.stats import MomentSums, square_total
@@ -68,7 +71,8 @@ class _First:
 class _Joint:
     """What one pass over a tensor's stored arrays finds (``_ModelPass._joint``)."""
 
-    hists: dict[str, Histogram]  # per curve stat that is a sum of stored arrays
+    hists: dict[str, Histogram]  # per curve stat that is a sum of stored arrays (a full summary's)
+    totals: dict[str, float]  # per binned stat that is a sum of stored arrays: the values it bins, summed
     squares: dict[str, float]  # a stat whose totals are its float64 sum of squares
     rho_mean: float | None  # None: not taken
 
@@ -144,9 +148,8 @@ class _ModelPass:
     ):
         self.sums = sums
         self.head_name, self.embedding_name = head_name, embedding_name
-        # the curve stats are binned in the first pass and their totals are the histograms' float64 sums,
-        # light or not: a partial's totals are the final ones' (and a histogram cost less than forming the
-        # raw Fisher to sum it); only a full summary keeps the histograms, for curves and a second pass
+        # the curve stats' totals are the float64 sums of the values they bin, light or not (a partial's
+        # totals are the final ones'); only a full summary bins them, for curves and a second pass
         self.binned = _distinct_stats(sums, curve_stats)
         self.curve = [] if light else self.binned
         self.top_stats = [] if light else _distinct_stats(sums, TOP_STATS)
@@ -190,25 +193,31 @@ class _ModelPass:
     def first(self, name: str) -> _First:
         """Totals, histograms and (for stats without a curve) top candidates of one tensor.
 
-        On the CPU the curve stats' histograms, one squared total and rho's mean come from one pass
-        over the arrays they share (``_joint``). Any other stat is formed once, into this thread's
+        On the CPU the curve stats' totals and histograms, one squared total and rho's mean come from
+        the arrays they share, each read once for the totals and once for the histograms (``_joint``).
+        Any other stat is formed once, into this thread's
         scratch buffer, and everything it feeds is taken from it before the next one is formed.
         Reads only: ``record_first`` keeps the result.
         """
         sums = self.sums
-        joint = self._joint(name) if sums.device.type == "cpu" else _Joint({}, {}, None)
+        joint = self._joint(name) if sums.device.type == "cpu" else _Joint({}, {}, {}, None)
         found: dict[str, float] = {}
         hists: dict[str, Histogram] = dict(joint.hists)
         candidates: dict[str, list[Candidate]] = {}
         for stat in self.formed:
             if stat in self.binned:
-                # binned from its terms, unformed; its totals are the histogram's (float64) sums, and its
-                # top coordinates are found in the second pass
-                if stat not in hists:
-                    hists[stat] = histogram([self._stat(stat, name)])
-                hist = hists[stat]
+                # its totals: the float64 sum of the values it bins, the same with a histogram or without
+                # (a light summary's); its top coordinates are found in the second pass
+                total = joint.totals.get(stat)
+                if total is None:  # formed: raw at one position off the policy, or off the CPU
+                    value = self._stat(stat, name)
+                    if sums.device.type == "cpu":
+                        (total,), _, _ = totals_in_one_pass([value])
+                    if stat in self.curve or total is None:
+                        hists[stat] = histogram([value])
+                        total = hists[stat].total if total is None else total
                 for alias in self.aliases[stat]:
-                    found[self.totals_of[alias][0]] = hist.total
+                    found[self.totals_of[alias][0]] = total
                 continue
             if stat in joint.squares:
                 for alias in self.aliases[stat]:
@@ -226,8 +235,9 @@ class _ModelPass:
         return _First(totals, {stat: hists[stat] for stat in self.curve}, candidates)
 
     def _joint(self, name: str) -> _Joint:
-        """The one pass of ``first`` on the CPU: the binned stats that are sums of stored arrays, the
-        first stat whose totals are only a sum of squares of a stored array, and rho's mean."""
+        """The passes of ``first`` on the CPU: the totals of the binned stats that are sums of stored
+        arrays, of the first stat whose totals are only a sum of squares of a stored array, and rho's
+        mean; then the histograms of the curve stats among them (a full summary's)."""
         sums = self.sums
         binned = {stat: terms for stat in self.binned if (terms := sums.terms(stat, name)) is not None}
         squared = next(
@@ -244,12 +254,14 @@ class _ModelPass:
             None,
         )
         rho = sums.rho_terms(name)
-        hists, square_sum, share_sum = histograms_in_one_pass(
+        totals, square_sum, share_sum = totals_in_one_pass(
             list(binned.values()), None if squared is None else sums.stat(squared, name), rho
         )
+        curve = [stat for stat in binned if stat in self.curve]
         size = math.prod(sums.shapes[name])
         return _Joint(
-            dict(zip(binned, hists, strict=True)),
+            dict(zip(curve, histograms_in_one_pass([binned[stat] for stat in curve]), strict=True)),
+            dict(zip(binned, totals, strict=True)),
             {} if squared is None else {squared: square_sum},
             share_sum / size if size else 0.0,
         )
