@@ -69,7 +69,7 @@ class _First:
 
 @dataclass
 class _Joint:
-    """What one pass over a tensor's stored arrays finds (``_ModelPass._joint``)."""
+    """What the passes over a tensor's stored arrays find (``_ModelPass._joint``)."""
 
     hists: dict[str, Histogram]  # per curve stat that is a sum of stored arrays (a full summary's)
     totals: dict[str, float]  # per binned stat that is a sum of stored arrays: the values it bins, summed
@@ -195,9 +195,8 @@ class _ModelPass:
 
         On the CPU the curve stats' totals and histograms, one squared total and rho's mean come from
         the arrays they share, each read once for the totals and once for the histograms (``_joint``).
-        Any other stat is formed once, into this thread's
-        scratch buffer, and everything it feeds is taken from it before the next one is formed.
-        Reads only: ``record_first`` keeps the result.
+        Any other stat is formed once, into this thread's scratch buffer, and everything it feeds is
+        taken from it before the next one is formed. Reads only: ``record_first`` keeps the result.
         """
         sums = self.sums
         joint = self._joint(name) if sums.device.type == "cpu" else _Joint({}, {}, {}, None)
