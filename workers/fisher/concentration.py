@@ -62,7 +62,7 @@ def histogram(chunks: Iterable[Stat]) -> Histogram:
     for chunk in chunks:
         terms = _terms(chunk)
         total += terms.base.numel()
-        if terms.base.device.type == "cpu":
+        if cpu_kernels.compiled_for(terms.base):
             chunk_counts, chunk_sums = cpu_kernels.histogram(terms, _SHIFT, N_BINS)
         else:
             flat = terms.formed().reshape(-1)
@@ -249,7 +249,7 @@ def select_in_one_pass(chunks: list[Stat], choices: list[BinChoice]) -> list[Sel
     found: dict[int, Selection] = {}
     read = [k for k, choice in enumerate(choices) if choice.size]
     terms = {k: _terms(chunks[k]) for k in read}
-    on_cpu = [k for k in read if terms[k].base.device.type == "cpu"]
+    on_cpu = [k for k in read if cpu_kernels.compiled_for(terms[k].base)]
     if on_cpu:
         ranges = [(choices[k].starts, choices[k].ends) for k in on_cpu]
         picked = cpu_kernels.select_grouped([terms[k] for k in on_cpu], _SHIFT, ranges)

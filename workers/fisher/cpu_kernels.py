@@ -1,5 +1,7 @@
 """Loops of the math core compiled for the CPU (numba), where torch's ops would pass over memory
-several times. GPU tensors take the torch path of the callers, which these loops are tested against.
+several times. GPU tensors take the torch path of the callers, which these loops are tested against:
+``compiled_for`` is the one test of which path a tensor takes, and ``torch_ops_only`` sends CPU
+tensors down the GPU's path (tests/test_torch_path.py runs whole analyses both ways).
 
 - ``tensor_pass`` (``histogram``), ``tensor_totals`` (``square_sum``, ``extra_share_mean``) and
   ``select_grouped`` (``concentration``): up to three stats given as their terms (``StatTerms``) are
@@ -31,6 +33,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -51,6 +54,26 @@ _pool: ThreadPoolExecutor | None = None
 _pool_threads = 0
 _pool_lock = threading.Lock()
 _thread_state = threading.local()  # busy: this thread runs items of ``each_in_threads``
+_torch_only = 0  # > 0 inside ``torch_ops_only``: process-wide, since summaries run in threads
+
+
+def compiled_for(where: torch.Tensor | torch.device) -> bool:
+    """Whether these loops read a tensor (``where``, or one on that device): those in the CPU's memory.
+    The one test every caller makes, so that ``torch_ops_only`` reaches all of them."""
+    device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
+    return device.type == "cpu" and not _torch_only
+
+
+@contextmanager
+def torch_ops_only() -> Iterator[None]:
+    """CPU tensors through the callers' torch ops, as a GPU's are: the GPU's code path, run and tested
+    on a machine without one. Not for concurrent use with code that should take the compiled loops."""
+    global _torch_only
+    _torch_only += 1
+    try:
+        yield
+    finally:
+        _torch_only -= 1
 
 
 def _busy() -> bool:

@@ -165,7 +165,7 @@ def _ghost_moments(
 
 def _ghost_moments_compiled(delta: torch.Tensor) -> bool:
     """Whether ``_ghost_moments`` runs a compiled loop (one core) rather than torch's ops."""
-    return delta.device.type == "cpu" and delta.shape[1] <= GHOST_ROWWISE_MAX_ROWS
+    return cpu_kernels.compiled_for(delta) and delta.shape[1] <= GHOST_ROWWISE_MAX_ROWS
 
 
 def ghost_entries(rows: int) -> int:

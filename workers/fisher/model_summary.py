@@ -129,7 +129,7 @@ def _curve(hist: Histogram, named: list[Threshold]) -> dict:
 def each_tensor(sums: MomentSums, work: Callable[[str], _Result], names: list[str]) -> list[_Result]:
     """``work`` for every tensor of ``sums``, in threads on the CPU, where its compiled passes release
     the GIL (results in ``names``' order)."""
-    if sums.device.type != "cpu":
+    if not cpu_kernels.compiled_for(sums.device):
         return [work(name) for name in names]
     sizes = [math.prod(sums.shapes[name]) for name in names]
     return cpu_kernels.each_in_threads(work, names, sizes)
@@ -199,7 +199,7 @@ class _ModelPass:
         taken from it before the next one is formed. Reads only: ``record_first`` keeps the result.
         """
         sums = self.sums
-        joint = self._joint(name) if sums.device.type == "cpu" else _Joint({}, {}, {}, None)
+        joint = self._joint(name) if cpu_kernels.compiled_for(sums.device) else _Joint({}, {}, {}, None)
         found: dict[str, float] = {}
         hists: dict[str, Histogram] = dict(joint.hists)
         candidates: dict[str, list[Candidate]] = {}
@@ -210,7 +210,7 @@ class _ModelPass:
                 total = joint.totals.get(stat)
                 if total is None:  # formed: raw at one position off the policy, or off the CPU
                     value = self._stat(stat, name)
-                    if sums.device.type == "cpu":
+                    if cpu_kernels.compiled_for(sums.device):
                         (total,), _, _ = totals_in_one_pass([value])
                     if stat in self.curve or total is None:
                         hists[stat] = histogram([value])

@@ -47,7 +47,7 @@ def pooled_view(value: torch.Tensor | StatTerms, max_rows: int = 128, max_cols: 
     terms = value if isinstance(value, StatTerms) else StatTerms(value.detach())
     rows, cols = grid_shape(tuple(terms.base.shape))
     row_edges, col_edges = block_edges(rows, max_rows), block_edges(cols, max_cols)
-    if terms.base.device.type == "cpu":
+    if cpu_kernels.compiled_for(terms.base):
         pooled = cpu_kernels.block_sums(terms, cols, row_edges, col_edges)
     else:
         pooled = block_sums_with_torch(terms.formed().reshape(rows, cols), row_edges, col_edges).cpu().numpy()

@@ -28,7 +28,7 @@ def square_total(values: Sequence[torch.Tensor]) -> float:
     """The sum of squares of every tensor, each square and the sum in float64. On the CPU one compiled
     pass per tensor, tensors shared among threads, forms no array (``value.square()`` is a fresh P-sized
     array; a float32 dot is 5e-4 off at 1e7 values)."""
-    if values and values[0].device.type == "cpu":
+    if values and cpu_kernels.compiled_for(values[0]):
         return sum(cpu_kernels.each_in_threads(cpu_kernels.square_sum, values, [v.numel() for v in values]))
     return sum(float(v.double().square().sum()) for v in values)
 
