@@ -7,7 +7,8 @@ and on the VMs this project runs on a fault costs microseconds per 4 kB page. Me
 separate processes (two each, analyses after a warm-up): 5-token exact 5.35-5.49 s with glibc's
 defaults, 4.98-5.17 s with these; 32 tokens 28.9-29.5 s and 27.7-29.1 s; peak memory the same (4.1-4.2
 GB; keeping up to 1 GB at the heap's top instead of 256 MB added a gigabyte to it and no speed).
-Arrays above 32 MB (glibc's ceiling for this setting) are still mapped per allocation.
+Arrays above 32 MB (glibc's ceiling for this setting) are still mapped per allocation; the largest
+the engine forms, the embedding table's sums, are recycled instead (``workers.fisher.recycled``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.square_forms import direct_cost, ghost_cost
-from workers.fisher import cpu_kernels
+from workers.fisher import cpu_kernels, recycled
 from workers.fisher.batched_backward import batched_grad
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
 
@@ -295,7 +295,7 @@ class _SquareAccumulator:
             value = _ghost_squares(m, block.feature)
             sums.add(block.name, value.T if block.transposed else value, block.slice)
         for name, (unique, rows) in self.table_rows.items():
-            dense = rows.new_zeros(sums.shapes[name])
+            dense = recycled.zeros(sums.shapes[name], rows)
             dense[unique] = rows
             sums.add(name, dense)
         if not keep:
@@ -472,7 +472,7 @@ class _DirectionPass:
         for acc, local, weights, _ in self._square_slices(start, count):
             acc.add_embedding(block, unique, rows[local], weights)
         for b, group in self._other_rows(start, count, "linear"):
-            value = rows.new_zeros(self.capture.shapes[block.name])
+            value = recycled.zeros(self.capture.shapes[block.name], rows)
             value[unique] = rows[b]
             self.linear_sums[group].add(block.name, value)
         for b, group in self._other_rows(start, count, "probe"):

@@ -1,0 +1,74 @@
+"""Large zeroed arrays recycled between analyses (workers.fisher.recycled): zeros every time, the same
+memory once every view of the last loan is gone, never memory that something still reads."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from workers.fisher import recycled
+
+
+@pytest.fixture
+def small_threshold(monkeypatch):
+    """Recycle arrays from 4 kB, keep at most 64 kB free, starting from no slots."""
+    monkeypatch.setattr(recycled, "RECYCLED_MIN_BYTES", 4096)
+    monkeypatch.setattr(recycled, "KEPT_FREE_BYTES", 65536)
+    monkeypatch.setattr(recycled, "_slots", [])
+
+
+def test_small_arrays_and_other_devices_are_plain_new_zeros(small_threshold):
+    like = torch.ones(3)
+    small = recycled.zeros((10, 10), like)
+    assert small.dtype == like.dtype and torch.equal(small, torch.zeros(10, 10))
+    assert recycled.kept_bytes() == (0, 0)
+    meta = recycled.zeros((1000, 1000), torch.ones(1, device="meta"))
+    assert meta.device.type == "meta" and recycled.kept_bytes() == (0, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_freed_array_is_lent_again_zeroed(small_threshold, dtype):
+    like = torch.ones(1, dtype=dtype)
+    first = recycled.zeros((64, 48), like)
+    assert first.dtype == dtype and first.shape == (64, 48) and not first.any()
+    first[3] = 7
+    address = first.data_ptr()
+    assert recycled.kept_bytes() == (first.numel() * first.element_size(), 0)
+    del first
+    gc.collect()
+    again = recycled.zeros((64, 48), like)
+    assert again.data_ptr() == address and not again.any()
+    assert recycled.kept_bytes()[1] == 0
+
+
+def test_memory_still_read_through_a_view_is_not_lent_again(small_threshold):
+    like = torch.ones(1)
+    first = recycled.zeros((64, 64), like)
+    first += 2
+    row = first[5]  # a view keeps the storage, and so the loan
+    as_numpy = first.numpy()  # and so does an array over it
+    address = first.data_ptr()
+    del first
+    gc.collect()
+    second = recycled.zeros((64, 64), like)
+    assert second.data_ptr() != address and not second.any()
+    assert torch.equal(row, torch.full((64,), 2.0)) and (as_numpy == 2).all()
+    del row, second
+    gc.collect()
+    third = recycled.zeros((64, 64), like)
+    assert third.data_ptr() != address  # the array is still read
+    del as_numpy
+    gc.collect()
+    assert recycled.zeros((64, 64), like).data_ptr() == address
+
+
+def test_free_arrays_beyond_the_bound_are_let_go(small_threshold):
+    like = torch.ones(1)
+    arrays = [recycled.zeros((n, 1024), like) for n in (4, 5, 6, 7, 8)]  # 16-32 kB each, 120 kB in all
+    del arrays
+    gc.collect()
+    assert recycled.kept_bytes() == (0, 120 * 1024)
+    recycled.zeros((3, 1024), like)  # a new size, freed at once: with it, at most 64 kB stays free
+    assert recycled.kept_bytes() == (0, (12 + 32) * 1024)  # the largest of the others, 32 kB, kept
