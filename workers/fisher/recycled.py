@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 RECYCLED_MIN_BYTES = 32 << 20  # below glibc's ceiling, its heap keeps freed memory already
-KEPT_FREE_BYTES = 1 << 30  # free arrays beyond this are let go, the largest kept
+# asked for a size none of the free arrays has, the free ones are let go beyond this much (the largest
+# kept); until then they stay, as a worker that analyses one model wants
+KEPT_FREE_BYTES = 1 << 30
 
 
 class _Slot:
