@@ -27,7 +27,7 @@ def bench():
 
 def test_every_step_of_the_gpu_run_runs_on_the_cpu_with_small_shapes(bench, tmp_path):
     out = tmp_path / "gpu.json"
-    report = bench.main(["--device", "cpu", "--quick", "--skip-tests", "--out", str(out)])
+    report = bench.main(["--device", "cpu", "--quick", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report, default=str))
     failed = {
         key: value["error"] for key, value in report.items() if isinstance(value, dict) and "error" in value
@@ -47,8 +47,9 @@ def test_every_step_of_the_gpu_run_runs_on_the_cpu_with_small_shapes(bench, tmp_
         run = report[key]
         assert all(seconds > 0 for seconds in run["seconds"])
         assert run["directions"] == hidden  # exact: C_mu's rank, the hidden size on a random model
-        assert run["first_partial_s"] is not None or run["tokens"] * hidden <= 80
+        assert run["first_partial_s"] is not None
     assert report["smollm2-135m/certificate"]["passed"] and report["qwen3-1.7b/certificate"]["passed"]
+    assert "3 skipped" in report["exactness"]["tail"]  # its pytest ran, and here has no GPU to use
     # float32 on the CPU against float64: at float32 rounding for every stat formed
     precision = report["smollm2-135m/precision"]["float32"]
     assert {"fisher", "uncentered", "raw", "mean_shift", "common", "policy_grad", "bound"} == set(precision)

@@ -71,4 +71,45 @@ def test_free_arrays_beyond_the_bound_are_let_go(small_threshold):
     gc.collect()
     assert recycled.kept_bytes() == (0, 120 * 1024)
     recycled.zeros((3, 1024), like)  # a new size, freed at once: with it, at most 64 kB stays free
-    assert recycled.kept_bytes() == (0, (12 + 32) * 1024)  # the largest of the others, 32 kB, kept
+    # the largest that fit, in turn: 32 kB, then 20 (28, 24 would not)
+    assert recycled.kept_bytes() == (0, (12 + 32 + 20) * 1024)
+
+
+def test_an_analysis_still_held_keeps_its_sums_while_later_ones_run(tiny_random, monkeypatch):
+    """The engine through recycled arrays (the table's dense sums, lent from 1 kB here): the same sums
+    as without, and a held analysis's sums untouched by later analyses, which reuse what is freed."""
+    from backend.vocabulary import STATS
+    from workers.engine import AnalysisRequest, run_analysis
+
+    ids = tiny_random.tokenizer.encode("She drank a cup of").ids
+    request = AnalysisRequest(input_ids=ids)
+    plain = run_analysis(tiny_random, request, 1 << 30)  # its table (128 kB) is below the threshold
+    monkeypatch.setattr(recycled, "RECYCLED_MIN_BYTES", 1024)
+    monkeypatch.setattr(recycled, "_slots", [])
+    held = run_analysis(tiny_random, request, 1 << 30)
+    lent, _ = recycled.kept_bytes()
+    assert lent > 0  # the table's sums are lent memory
+    for _ in range(2):
+        later = run_analysis(tiny_random, AnalysisRequest(input_ids=ids[::-1]), 1 << 30)
+        del later
+        gc.collect()
+    assert recycled.kept_bytes()[0] == lent and recycled.kept_bytes()[1] > 0  # freed, and kept
+    again = run_analysis(tiny_random, request, 1 << 30)
+    for analysis in (held, again):
+        for stat in STATS:
+            for (name, got), (_, want) in zip(
+                analysis.sequence.sums.iter_stat(stat), plain.sequence.sums.iter_stat(stat), strict=True
+            ):
+                assert torch.equal(got, want), f"{stat} {name}"
+
+
+def test_a_copy_is_a_contiguous_clone_in_lent_memory(small_threshold):
+    value = torch.arange(64 * 48, dtype=torch.float32).reshape(48, 64).T  # not contiguous
+    copied = recycled.copy(value)
+    assert torch.equal(copied, value) and copied.is_contiguous()
+    assert recycled.kept_bytes() == (value.numel() * 4, 0)
+    address = copied.data_ptr()
+    del copied
+    gc.collect()
+    again = recycled.copy(value + 1)
+    assert again.data_ptr() == address and torch.equal(again, value + 1)

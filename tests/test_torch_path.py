@@ -25,7 +25,6 @@ COMPILED_LOOPS = (
     "pair_moments",
     "histogram",
     "square_sum",
-    "extra_share_mean",
 )
 
 

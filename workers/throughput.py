@@ -38,7 +38,8 @@ def _cpu_model() -> str:
 
 
 def measure(device: str = "cpu", size: int | None = None, seconds: float = 1.0) -> float:
-    """Sustained float32 matmul flops per second on ``device`` (full-precision float32: no TF32):
+    """Sustained float32 matmul flops per second on ``device`` (at the backend's setting: full precision
+    unless TF32 is allowed, as the worker leaves it unless asked):
     multiplies of ``size`` x ``size`` repeated for ``seconds``.
 
     Why sustained rather than the fastest of a few: on the 2-core CPU machine the fastest of five 2048^2

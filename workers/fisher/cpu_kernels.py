@@ -1,7 +1,8 @@
 """Loops of the math core compiled for the CPU (numba), where torch's ops would pass over memory
 several times. GPU tensors take the torch path of the callers, which these loops are tested against:
-``compiled_for`` is the one test of which path a tensor takes, and ``torch_ops_only`` sends CPU
-tensors down the GPU's path (tests/test_torch_path.py runs whole analyses both ways).
+``compiled_for`` is the one test of which path a tensor's values take, and ``torch_ops_only`` sends
+CPU tensors down the GPU's path (tests/test_torch_path.py runs whole analyses both ways).
+``largest_sum`` and ``nested_levels`` read CPU copies of a few values, on a GPU too.
 
 - ``tensor_pass`` (``histogram``), ``tensor_totals`` (``square_sum``, ``extra_share_mean``) and
   ``select_grouped`` (``concentration``): up to three stats given as their terms (``StatTerms``) are

@@ -217,9 +217,9 @@ class _Sums:
             self.values[name] = value
             return
         if name not in self.values:
-            self.values[name] = value.new_zeros(self.shapes[name])
+            self.values[name] = recycled.zeros(self.shapes[name], value)
         elif name in self.lent:
-            self.values[name] = self.values[name].clone()
+            self.values[name] = recycled.copy(self.values[name])
             self.lent.discard(name)
         target = self.values[name] if index is None else self.values[name][index]
         target += value
