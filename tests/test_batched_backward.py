@@ -17,7 +17,7 @@ import torch
 from tests.tiny_models import FAMILIES, tiny_model
 from workers.fisher.batched_backward import batched_grad
 from workers.fisher.capture import capture_forward
-from workers.fisher.directions import FIRST_CHUNK_TOKENS, direction_targets
+from workers.fisher.directions import direction_targets, first_chunk_directions
 
 IDS = torch.tensor([4, 9, 2, 4, 7, 12, 5])
 FALLBACK = "performance drop because we have not yet implemented the batching rule"
@@ -146,7 +146,7 @@ def test_the_first_chunk_for_partial_results_stays_within_the_memory_budget(monk
 
     monkeypatch.setattr(directions, "batched_grad", recording)
     per_direction = sum(t.numel() for t in direction_targets(capture)) * hidden.element_size() * 2
-    small = 1 + directions.FIRST_CHUNK_TOKENS // len(IDS)  # the lead's one direction, then the squares'
+    small = 1 + directions.first_chunk_directions(len(IDS))  # the lead's one direction, then the squares'
     for budget_directions, first in ((100, small), (12, 12)):  # room for the small first chunk, then not
         sizes.clear()
         backprop_directions(
@@ -320,7 +320,7 @@ def test_a_probe_summed_from_a_complete_basis_is_its_own_backward(budget_directi
         scale = float(row.abs().max())
         torch.testing.assert_close(summed[name], row.to(torch.float64), rtol=1e-5, atol=1e-6 * scale)
     # a snapshot after every chunk but the last; with snapshots wanted the first chunk is the small one
-    first = max(1, FIRST_CHUNK_TOKENS // len(IDS))
+    first = first_chunk_directions(len(IDS))
     assert bool(taken) == (min(budget_directions, first) < basis.shape[0])
     for snapshot, (done,) in taken:
         # the directions done so far, summed: what the same probes give over those directions alone

@@ -12,7 +12,7 @@ from backend.schemas import AnalysisJob, JobSampler
 from backend.settings import Settings
 from backend.store import Store
 from backend.vocabulary import STATS
-from workers.fisher.directions import FIRST_CHUNK_TOKENS
+from workers.fisher.directions import first_chunk_directions
 from workers.jobs import analyze_job
 
 
@@ -195,7 +195,7 @@ def test_partial_results_come_after_the_first_chunk_and_bound_the_exact_ones(tin
     assert len(partials) == 1
     summary, kept = partials[0]
     eigenvalues = final["positions"][0]["spectrum"]["eigenvalues"]
-    first = FIRST_CHUNK_TOKENS // len(job.input_ids)  # the first chunk's square directions
+    first = first_chunk_directions(len(job.input_ids))  # the first chunk's square directions
     assert kept == pytest.approx(sum(eigenvalues[:first]) / sum(eigenvalues), rel=1e-6)
     assert summary["concentration"] is None and summary["top_coordinates"] is None
     assert summary["positions"][0]["p"] == final["positions"][0]["p"]  # p, mu and the rows: exact at once

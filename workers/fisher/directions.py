@@ -39,6 +39,13 @@ ChunkCallback = Callable[[Callable[[], "DirectionResults"], list[int]], None]
 # SmolLM2 at 5 tokens (three runs each, one process): 32 directions gave the first partial at
 # 1.78-1.98 s with 80% of the trace, 16 at 1.45-1.71 s with 72%
 FIRST_CHUNK_TOKENS = 80
+
+
+def first_chunk_directions(context_length: int) -> int:
+    """Square directions in the first chunk, when partial results are wanted (at least one)."""
+    return max(1, FIRST_CHUNK_TOKENS // context_length)
+
+
 # Direct squares: tiles of about this many bytes of per-direction gradient (which form a block takes:
 # backend.square_forms, shared with the cost estimate)
 DIRECT_TILE_BYTES = 2 << 20
@@ -560,7 +567,7 @@ def backprop_directions(
     if progress is not None:
         progress(0.0)
     lead = work.square_offsets[0]
-    first = max(1, FIRST_CHUNK_TOKENS // capture.length)
+    first = first_chunk_directions(capture.length)
     bounds = chunk_bounds(total, lead, chunk, first if on_chunk is not None else None)
     for start, stop in zip(bounds, bounds[1:], strict=False):
         grads = batched_grad(hidden, targets, work.vectors[start:stop])
