@@ -39,7 +39,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,20 +147,32 @@ def _reset_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def rates(device: str, quick: bool) -> dict:
-    """Float32 matmul rates at full precision and with TF32 (sustained for a second each)."""
+@contextmanager
+def _tf32(on: bool) -> Iterator[None]:
+    """CUDA float32 matmuls in TF32 while inside, then at full precision again (the worker's default)."""
     import torch
 
+    torch.backends.cuda.matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def _ids(loaded, tokens: int) -> list[int]:
+    """A prefix of ``tokens`` ids spread over the vocabulary (the weights are random: any ids do)."""
+    return [(7 * i + 3) % loaded.info.vocab_size for i in range(tokens)]
+
+
+def rates(device: str, quick: bool) -> dict:
+    """Float32 matmul rates at full precision and with TF32 (sustained for a second each)."""
     from workers.throughput import measure
 
     sizes = (256,) if quick else (4096, 8192)
     found = {f"float32_{n}": measure(device, size=n) for n in sizes}
     if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
+        with _tf32(True):
             found[f"tf32_{sizes[-1]}"] = measure(device, size=sizes[-1])
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = False
     return found
 
 
@@ -202,7 +215,7 @@ def exact_runs(
             return {"attention": "math", **exact_runs(loaded, tokens, device, budget, repeats)}
     from workers.engine import AnalysisRequest, run_analysis
 
-    ids = [(7 * i + 3) % loaded.info.vocab_size for i in range(tokens)]
+    ids = _ids(loaded, tokens)
     request = AnalysisRequest(input_ids=ids)
     run_analysis(loaded, AnalysisRequest(input_ids=ids[:3]), budget)  # compiles, allocates
     seconds, analysis = [], None
@@ -239,14 +252,12 @@ def precision(loaded, device: str, tokens: int = 5) -> dict:
     weights: the relative L2 error of the whole stat and the largest of its tensors'."""
     import copy
 
-    import torch
-
     from backend.vocabulary import STATS
     from workers.engine import AnalysisRequest, run_analysis
     from workers.fisher.sampler import SamplerConfig
     from workers.models.loading import LoadedModel
 
-    ids = [(7 * i + 3) % loaded.info.vocab_size for i in range(tokens)]
+    ids = _ids(loaded, tokens)
     # tempered, so that the sampler's own stats (the mean shift, the uncentered Fisher) are not zero
     request = AnalysisRequest(input_ids=ids, sampler=SamplerConfig(temperature=0.7), reward={3: 1.0})
     model64 = copy.deepcopy(loaded.model).double()
@@ -258,11 +269,8 @@ def precision(loaded, device: str, tokens: int = 5) -> dict:
     runs = {"float32": False, "tf32": True} if device.startswith("cuda") else {"float32": False}
     found: dict[str, dict] = {}
     for label, tf32 in runs.items():
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
+        with _tf32(tf32):
             sums = run_analysis(loaded, request, LARGE_BUDGET).sequence.sums
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = False
         found[label] = {}
         for stat in STATS:
             if stat == "rho" or reference.identically_zero(stat):  # rho: a ratio, noise where it is 0/0

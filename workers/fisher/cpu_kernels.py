@@ -1045,9 +1045,7 @@ def select_grouped(
     slots += [(None,) * 5] * (_BINNED_MAX - len(slots))
     (a, a_plus, a_square, a_index, a_out), (b, b_plus, b_square, b_index, b_out) = slots[:2]
     c, c_plus, c_square, c_index, c_out = slots[2]
-    size = 0 if a is None else a.size
-    if any(array is not None and array.size != size for slot in slots for array in slot[:3]):
-        raise ValueError("the arrays of one pass differ in size")
+    size = _common_size([array for slot in slots for array in slot[:3]])
     _select_into(
         size,
         a, a_plus, a_square, a_index, a_out,

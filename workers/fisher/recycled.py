@@ -1,4 +1,4 @@
-"""Large zeroed CPU arrays recycled between analyses: memory the process has touched before.
+"""Large CPU arrays recycled between analyses: memory the process has touched before.
 
 Why: an analysis of a tied model forms the embedding table's sums as dense arrays of the table's size
 (SmolLM2: 49152 x 576 float32, 113 MB, two per analysis). Above glibc's 32 MB ceiling for keeping freed
