@@ -124,6 +124,11 @@ def child_exact(model_id: str, device: str, tokens: int) -> dict:
     analysis.pooled()
     pooled_seconds = time.perf_counter() - pooled_start
     peak_gb = _peak_gb()  # before the run with partials, whose snapshots add ghost squares and head copies
+    directions = analysis.summary["method"]["directions"]
+    # freed, as a worker frees a finished analysis before it takes the next job: held, its sums kept
+    # the next analysis from the memory they were lent (workers.fisher.recycled) and it touched as much
+    # new memory (SmolLM2, 5 tokens, 2-core Xeon: 8.0 s with partials, the first at 1.75 s)
+    analysis = None
     # as the service runs it: light partial summaries after each chunk, the first chunk kept small. A
     # worker's first analysis with them also touches memory for what the snapshots form (ghost squares,
     # head copies) for the first time (as the first run above does for the sums): reported apart, and
@@ -156,7 +161,7 @@ def child_exact(model_id: str, device: str, tokens: int) -> dict:
         ],
         "peak_gb": peak_gb,
         "peak_with_partials_gb": _peak_gb(),
-        "directions": analysis.summary["method"]["directions"],
+        "directions": directions,
         "n_params": loaded.info.n_params,
         # the highest rate seen: the floor at the machine's best (a slow measurement is noise, not a
         # slower machine, and would flatter the ratio)

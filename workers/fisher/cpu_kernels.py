@@ -47,6 +47,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from workers.fisher.terms import NO_EXTRA_TERM, StatTerms
+from workers.fisher.torch_threads import one_torch_thread
 
 PART_MIN_VALUES = 1 << 18  # below this a part costs more to hand to a thread than it saves
 _Part = TypeVar("_Part")
@@ -115,17 +116,21 @@ def each_in_threads(
     def run() -> None:
         _thread_state.busy = True
         try:
-            while not failed.is_set():
-                with taking:
-                    i = next(order, None)
-                if i is None:
-                    return
-                results[i] = work(items[i])
+            with one_torch_thread():  # torch's ops in the work: no second OpenMP team (torch_threads)
+                take()
         except BaseException:
             failed.set()  # the other threads stop taking items; the error reaches the caller
             raise
         finally:
             _thread_state.busy = False
+
+    def take() -> None:
+        while not failed.is_set():
+            with taking:
+                i = next(order, None)
+            if i is None:
+                return
+            results[i] = work(items[i])
 
     helpers = [_thread_pool(threads - 1).submit(run) for _ in range(threads - 1)]
     try:
