@@ -13,12 +13,13 @@ from workers.fisher.directions import _pair_moments_by_products
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(
     ("count", "rows", "width"),
-    [(25, 32, 48), (6, 7, 37), (5, 1, 16), (3, 10, 19), (1, 5, 5), (4, 4, 32), (9, 33, 64)],
+    [(25, 32, 48), (6, 7, 37), (5, 1, 16), (3, 10, 19), (1, 5, 5), (4, 4, 32), (9, 33, 64), (7, 5, 403)],
 )
 def test_compiled_pair_moments_against_products(dtype, count, rows, width):
     """The CPU's register blocks of pairs (4 x 4, short ones at the last rows, the diagonal's upper
-    half) and the outputs past the last whole vector against every pair's products summed by torch,
-    added into the earlier chunks' moments as the direction pass does."""
+    half), the tiles of vectors (the last one short: 403 outputs) and the outputs past the last whole
+    vector against every pair's products summed by torch, added into the earlier chunks' moments as
+    the direction pass does."""
     generator = torch.Generator().manual_seed(count * 1000 + rows * 10 + width)
     delta = torch.randn(count, rows, width, generator=generator, dtype=torch.float64)
     weights = torch.rand(count, generator=generator, dtype=torch.float64)

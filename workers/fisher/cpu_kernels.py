@@ -416,6 +416,12 @@ def _tensor_pass_into(  # pragma: no cover - compiled
 # A loop compiled from Python gets no such kernel: LLVM keeps the sixteen accumulator rows in memory,
 # each behind a run-time overlap check, or does not vectorize the loop at all.
 _PAIR_BLOCK = 4
+# vectors of outputs copied into the tile together. One vector at a time, the copy read one line from
+# each of a chunk's direction rows (820 at 5 tokens, 6 kB apart at 1536 outputs), each on a page of its
+# own, and waited on them: SmolLM2's ghost moments of one chunk at 5 tokens (164 directions, one core
+# of a Xeon) took 51 ms, 42 with tiles of 2 vectors, 30 with 4, 26 with 8, 31 with 16 or 32 (the tile
+# no longer in the core's cache). A tile of 8 reads 512 bytes of each row
+_PAIR_TILE_VECTORS = 8
 _VECTOR_BYTES = 64  # one AVX-512 register (LLVM splits it in two on a CPU with AVX2 only)
 
 
@@ -550,23 +556,38 @@ def _pair_moments_into(delta, weights, out):  # pragma: no cover - compiled
     for r in range(rows):
         first[r] = r * rows - r * (r - 1) // 2
     out_at = np.empty(_PAIR_BLOCK, np.int64)  # where a block's row i of pairs starts in ``totals``
-    # one vector of outputs of every row and direction, copied together: read in place, rows width
-    # apart (6 kB at 1536 outputs) fall into a few cache sets and evict each other
-    tile = np.empty(count * rows * lanes, delta.dtype)
+    # vectors of outputs of every row and direction, copied together (``_PAIR_TILE_VECTORS``): read in
+    # place, rows width apart (6 kB at 1536 outputs) fall into a few cache sets and evict each other
+    per_vector = count * rows * lanes  # one vector of every row and direction, in the tile
+    tile = np.empty(_PAIR_TILE_VECTORS * per_vector, delta.dtype)
     vectors = width // lanes
-    for v in range(vectors):
-        o = v * lanes
+    for first_vector in range(0, vectors, _PAIR_TILE_VECTORS):
+        tiled = min(_PAIR_TILE_VECTORS, vectors - first_vector)
         for k in range(count * rows):
-            _copy_vector(values, k * width + o, tile, k * lanes)  # type: ignore[call-arg]
-        for r in range(0, rows, _PAIR_BLOCK):
-            height = min(_PAIR_BLOCK, rows - r)
-            for s in range(r, rows, _PAIR_BLOCK):
-                for i in range(height):  # the pair (r + i, s + j) is M's row first[r + i] + s + j - r - i
-                    out_at[i] = (first[r + i] + s - r - i) * width + o
-                shape = _pair_shape_key(height, min(_PAIR_BLOCK, rows - s), r == s)
-                _pair_block(
-                    tile, weights, r * lanes, s * lanes, rows * lanes, count, totals, out_at, width, shape
-                )  # type: ignore[call-arg]
+            for u in range(tiled):
+                at = k * width + (first_vector + u) * lanes
+                _copy_vector(values, at, tile, u * per_vector + k * lanes)  # type: ignore[call-arg]
+        for u in range(tiled):
+            o = (first_vector + u) * lanes
+            for r in range(0, rows, _PAIR_BLOCK):
+                height = min(_PAIR_BLOCK, rows - r)
+                for s in range(r, rows, _PAIR_BLOCK):
+                    for i in range(height):  # the pair (r + i, s + j) is M's row first[r + i] + s + j - r - i
+                        out_at[i] = (first[r + i] + s - r - i) * width + o
+                    shape = _pair_shape_key(height, min(_PAIR_BLOCK, rows - s), r == s)
+                    start = u * per_vector
+                    _pair_block(
+                        tile,
+                        weights,
+                        start + r * lanes,
+                        start + s * lanes,
+                        rows * lanes,
+                        count,
+                        totals,
+                        out_at,
+                        width,
+                        shape,
+                    )  # type: ignore[call-arg]
     for o in range(vectors * lanes, width):  # outputs past the last whole vector
         for b in range(count):
             for r in range(rows):
