@@ -424,6 +424,7 @@ _PAIR_BLOCK = 4
 # over the tile's vectors in turn, its outputs adjacent in M's rows: at 32 rows (528 pairs, 26
 # directions) 15.2-15.6 -> 11.5-14.1 ms for SmolLM2's outputs, at 5 rows 29 -> 30 ms
 _PAIR_TILE_VECTORS = 8
+_PAIR_TILE_BYTES = 512 << 10  # fewer vectors where more rows would not leave the tile in the cache
 _VECTOR_BYTES = 64  # one AVX-512 register (LLVM splits it in two on a CPU with AVX2 only)
 
 
@@ -561,10 +562,11 @@ def _pair_moments_into(delta, weights, out):  # pragma: no cover - compiled
     # vectors of outputs of every row and direction, copied together (``_PAIR_TILE_VECTORS``): read in
     # place, rows width apart (6 kB at 1536 outputs) fall into a few cache sets and evict each other
     per_vector = count * rows * lanes  # one vector of every row and direction, in the tile
-    tile = np.empty(_PAIR_TILE_VECTORS * per_vector, delta.dtype)
     vectors = width // lanes
-    for first_vector in range(0, vectors, _PAIR_TILE_VECTORS):
-        tiled = min(_PAIR_TILE_VECTORS, vectors - first_vector)
+    tile_vectors = max(1, min(_PAIR_TILE_VECTORS, vectors, _PAIR_TILE_BYTES // (per_vector * delta.itemsize)))
+    tile = np.empty(tile_vectors * per_vector, delta.dtype)
+    for first_vector in range(0, vectors, tile_vectors):
+        tiled = min(tile_vectors, vectors - first_vector)
         for k in range(count * rows):
             for u in range(tiled):
                 at = k * width + (first_vector + u) * lanes
@@ -825,9 +827,11 @@ def _common_size(arrays: Sequence[np.ndarray | None]) -> int:
 
 
 # values summed apart before they are added to a total. One core of a 2-core Xeon, 2.8e7 values of
-# three stats: 1.87 ns per value with blocks of 1024 (4 kB of float32, one page: the hardware's
-# prefetcher stops at its end, and each block's first lines came from memory), 1.13-1.16 with 16384,
-# 1.5 with 32768 (three arrays' blocks no longer stay in the core's cache)
+# three stats, each stat's values formed into a float64 buffer and summed apart: 1.87 ns per value with
+# blocks of 1024 (4 kB of float32, one page: the hardware's prefetcher stops at its end, and each
+# block's first lines came from memory), 1.31-1.41 with 8192, 1.32 with 16384, 1.5 with 32768 (three
+# arrays' blocks no longer stay in the core's cache); blocks of 16384 summed as they are formed
+# (``_binned_sum``): 1.01-1.16
 _TOTALS_BLOCK = 16384
 
 
@@ -846,7 +850,7 @@ def _binned_sum(base, plus, square, lo, hi, shift):  # pragma: no cover - compil
     # one stat's values lo..hi as the histogram pass forms them (one add, or a multiply and an add:
     # nothing to reassociate), those in bins > 0, summed in float64 lanes. Views of the block indexed
     # from 0 take vectors (base[lo + j] kept the loop scalar); formed into a buffer and summed apart,
-    # the values cost 1.3 ns where this takes 1.15 (the block sizes' measurements above)
+    # the values cost 1.32 ns where this takes 1.01-1.16 (the block sizes' measurements above)
     base_at = base[lo:hi]
     if plus is not None:  # pruned where the argument is None
         plus_at = plus[lo:hi]
@@ -884,10 +888,10 @@ def _totals_into(  # pragma: no cover - compiled
     # Each stat's total over the values its histogram bins (bins > 0), a float64 sum of squares (q) and
     # a sum of extra-term shares (r), in one pass, a block at a time, each sum in vector lanes.
     # SmolLM2's light summary (on-policy, two threads): 0.30-0.58 s when its totals came from the
-    # histogram pass, 0.16-0.23 s in blocks (one core of an AVX2 EPYC, 2.8e7 values: 1.57 ns per
-    # value, 3.36 in the histogram pass). The shares are formed into a block and summed apart: a
-    # reassociated loop may reorder a share's own divide and multiply, and each share is rounded as
-    # torch rounds it
+    # histogram pass, 0.16-0.23 s in blocks of 1024 (one core of an AVX2 EPYC, 2.8e7 values: 1.57 ns
+    # per value, 3.36 in the histogram pass); on a 2-core Xeon 0.17-0.19 s so, 0.13-0.14 s now. The
+    # shares are formed into a block and summed apart: a reassociated loop may reorder a share's own
+    # divide and multiply, and each share is rounded as torch rounds it
     block = np.empty(_TOTALS_BLOCK, np.float64)
     for lo in range(0, size, _TOTALS_BLOCK):
         hi = min(lo + _TOTALS_BLOCK, size)
