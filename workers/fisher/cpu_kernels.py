@@ -26,7 +26,8 @@ A large array is cut into one part per torch thread, each compiled loop running 
 thread of its own (the summary runs when torch's threads are idle): a histogram of 2.8e7 values went
 from 1.54 to 0.75 ns per value on two cores. A pass over many arrays (the summary's tensors) runs them
 in threads instead (``each_in_threads``): cut per call, the ~1e6-value tensors of SmolLM2 spent more
-time handing parts to an idle thread than the part saved.
+time handing parts to an idle thread than the part saved. Torch's ops in that work run on the thread
+that calls them (``torch_threads``): a second OpenMP team slowed every later op of the process.
 """
 
 from __future__ import annotations
