@@ -624,18 +624,25 @@ def pair_moments(
 def _block_sums_into(a, a_plus, a_square, width, row_edges, col_edges, grid):  # pragma: no cover - compiled
     # A stat (a: base, + plus, + square * square; None: no such term) as rows of ``width`` values: each
     # row block's column sums in float64 (a loop over columns, which the compiler vectorizes), then those
-    # sums per column block, in the order torch's index_add_ over rows and then columns adds them
+    # sums per column block, in the order torch's index_add_ over rows and then columns adds them. Views of
+    # each row indexed from 0 take vectors: a[at + j] kept the loop scalar (the embedding table's rows,
+    # one core of a Xeon: 1.41-1.76 -> 0.27-0.52 ns per value, the same sums bit for bit)
     column = np.empty(width, np.float64)
     for rb in range(row_edges.size - 1):
         column[:] = 0.0
         for i in range(row_edges[rb], row_edges[rb + 1]):
             at = i * width
+            row = a[at : at + width]
+            if a_plus is not None:  # pruned where the argument is None
+                plus = a_plus[at : at + width]
+            if a_square is not None:
+                square = a_square[at : at + width]
             for j in range(width):
-                v = a[at + j]
+                v = row[j]
                 if a_plus is not None:
-                    v = v + a_plus[at + j]
+                    v = v + plus[j]
                 if a_square is not None:
-                    v = v + a_square[at + j] * a_square[at + j]
+                    v = v + square[j] * square[j]
                 column[j] += np.float64(v)
         for cb in range(col_edges.size - 1):
             total = 0.0
