@@ -429,6 +429,32 @@ def test_pooled_views_from_terms_are_torchs_block_sums(shape, extra):
     assert view["row_edges"] == list(block_edges(rows, 8)) and view["shape"] == list(want.shape)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("extra", ["plus", "square"])
+def test_pooled_views_of_a_share_are_torchs_block_sums_of_it(extra, dtype):
+    """rho's view from its terms (``share``): each value's share rounded as ``StatTerms.extra_share``
+    rounds it, 0 where it is 0/0, and summed as torch's ops sum the formed share, bit for bit."""
+    from workers.fisher.pooling import block_edges, block_sums_with_torch, pooled_view
+
+    rows, cols = 300, 7
+    base = _values(rows * cols, seed=5).to(dtype)
+    more = _values(rows * cols, seed=6).to(dtype)
+    base[::5], more[::5] = 0.0, 0.0  # 0/0: a zero sum has zero terms
+    more[1::7] = 0.0  # a share of 0
+    if extra == "square":
+        more = more - 0.3  # signed, as a first moment is
+    terms = StatTerms(base.reshape(rows, cols), more.reshape(rows, cols), squared=extra == "square")
+    row_edges, col_edges = block_edges(rows, 8), block_edges(cols, 5)
+    got = cpu_kernels.block_sums(terms, cols, row_edges, col_edges, share=True)
+    want = block_sums_with_torch(terms.extra_share().reshape(rows, cols), row_edges, col_edges)
+    assert torch.isfinite(want).all()
+    assert torch.equal(torch.from_numpy(got), want)
+    view = pooled_view(terms, max_rows=8, max_cols=5, share=True)
+    assert torch.equal(torch.from_numpy(view["values"]), want.float())
+    with pytest.raises(ValueError, match="no share"):
+        cpu_kernels.block_sums(StatTerms(base), rows * cols, [0, 1], [0, rows * cols], share=True)
+
+
 def test_block_sums_refuse_edges_that_miss_the_values():
     terms = StatTerms(torch.ones(12))
     with pytest.raises(ValueError, match="do not cover"):

@@ -85,6 +85,8 @@ class Analysis:
 
                 def view(name: str, stat: str = stat) -> dict:
                     # from the stat's stored terms where it has them: nothing parameter-sized is formed
+                    if stat == "rho":  # a share of stored terms, read the same way
+                        return pooled_view(sums.rho_terms(name), max_rows, max_cols, share=True)
                     terms = sums.terms(stat, name)
                     return pooled_view(sums.stat(stat, name) if terms is None else terms, max_rows, max_cols)
 

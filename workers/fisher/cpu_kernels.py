@@ -50,6 +50,7 @@ from numba.extending import intrinsic
 from workers.fisher.terms import NO_EXTRA_TERM, StatTerms
 from workers.fisher.torch_threads import one_torch_thread
 
+_SHARE = np.empty(0, np.bool_)  # ``_block_sums_into``'s switch to shares: a value, where None is off
 PART_MIN_VALUES = 1 << 18  # below this a part costs more to hand to a thread than it saves
 _Part = TypeVar("_Part")
 _Item = TypeVar("_Item")
@@ -620,13 +621,17 @@ def pair_moments(
     return out if into is None else into.add_(out)
 
 
-@numba.njit(nogil=True, cache=True)
-def _block_sums_into(a, a_plus, a_square, width, row_edges, col_edges, grid):  # pragma: no cover - compiled
-    # A stat (a: base, + plus, + square * square; None: no such term) as rows of ``width`` values: each
-    # row block's column sums in float64 (a loop over columns, which the compiler vectorizes), then those
-    # sums per column block, in the order torch's index_add_ over rows and then columns adds them. Views of
-    # each row indexed from 0 take vectors: a[at + j] kept the loop scalar (the embedding table's rows,
-    # one core of a Xeon: 1.41-1.76 -> 0.27-0.52 ns per value, the same sums bit for bit)
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # x / 0 is inf or nan, as in torch
+def _block_sums_into(  # pragma: no cover - compiled
+    a, a_plus, a_square, share, width, row_edges, col_edges, grid
+):
+    # A stat (a: base, + plus, + square * square; None: no such term; ``share`` not None: the extra
+    # term's share of that sum instead, as ``StatTerms.extra_share`` rounds it) as rows of ``width``
+    # values: each row block's column sums in float64 (a loop over columns, which the compiler
+    # vectorizes), then those sums per column block, in the order torch's index_add_ over rows and then
+    # columns adds them. Views of each row indexed from 0 take vectors: a[at + j] kept the loop scalar
+    # (the embedding table's rows, one core of a Xeon: 1.41-1.76 -> 0.27-0.52 ns per value, the same
+    # sums bit for bit)
     column = np.empty(width, np.float64)
     for rb in range(row_edges.size - 1):
         column[:] = 0.0
@@ -643,7 +648,14 @@ def _block_sums_into(a, a_plus, a_square, width, row_edges, col_edges, grid):  #
                     v = v + plus[j]
                 if a_square is not None:
                     v = v + square[j] * square[j]
-                column[j] += np.float64(v)
+                if share is None:  # pruned: the argument's type decides
+                    column[j] += np.float64(v)
+                else:  # in the arrays' dtype, as torch's division and product round it
+                    if a_plus is not None:
+                        part = plus[j] / v
+                    if a_square is not None:
+                        part = square[j] / v * square[j]
+                    column[j] += np.float64(part) if np.isfinite(part) else 0.0  # 0/0 -> 0
         for cb in range(col_edges.size - 1):
             total = 0.0
             for j in range(col_edges[cb], col_edges[cb + 1]):
@@ -652,11 +664,13 @@ def _block_sums_into(a, a_plus, a_square, width, row_edges, col_edges, grid):  #
 
 
 def block_sums(
-    terms: StatTerms, width: int, row_edges: Sequence[int], col_edges: Sequence[int]
+    terms: StatTerms, width: int, row_edges: Sequence[int], col_edges: Sequence[int], share: bool = False
 ) -> np.ndarray:
-    """float64 [row blocks, column blocks]: the sums of a stat of CPU arrays (``StatTerms``, not formed)
-    seen as rows of ``width`` values over the blocks the edges give. One pass, one core: the caller
-    runs tensors in threads."""
+    """float64 [row blocks, column blocks]: the sums of a stat of CPU arrays (``StatTerms``, not formed;
+    ``share``: its ``extra_share()``, rho's form) seen as rows of ``width`` values over the blocks the
+    edges give. One pass, one core: the caller runs tensors in threads."""
+    if share and terms.extra is None:
+        raise ValueError(NO_EXTRA_TERM)
     a, a_plus, a_square = _slot(terms)
     if a.size != (row_edges[-1] if len(row_edges) else 0) * width or (
         len(col_edges) and col_edges[-1] != width
@@ -664,7 +678,7 @@ def block_sums(
         raise ValueError("the block edges do not cover the stat's rows and columns")
     grid = np.zeros((max(0, len(row_edges) - 1), max(0, len(col_edges) - 1)), np.float64)
     rows, cols = np.asarray(row_edges, np.int64), np.asarray(col_edges, np.int64)
-    _block_sums_into(a, a_plus, a_square, width, rows, cols, grid)
+    _block_sums_into(a, a_plus, a_square, _SHARE if share else None, width, rows, cols, grid)
     return grid
 
 
