@@ -621,6 +621,17 @@ def pair_moments(
     return out if into is None else into.add_(out)
 
 
+@numba.njit(inline="always", error_model="numpy")  # x / 0 is inf or nan, as in torch
+def _extra_share(whole, extra, squared):  # pragma: no cover - compiled
+    # the share of ``whole`` (base + extra, or base + extra * extra) that its extra term carries, in the
+    # arrays' dtype and rounded as ``StatTerms.extra_share`` rounds it: extra / whole first (times
+    # extra again when squared); 0 where it is not finite (0/0: a zero sum has zero terms)
+    part = extra / whole
+    if squared:
+        part = part * extra
+    return np.float64(part) if np.isfinite(part) else 0.0
+
+
 @numba.njit(nogil=True, cache=True, error_model="numpy")  # x / 0 is inf or nan, as in torch
 def _block_sums_into(  # pragma: no cover - compiled
     a, a_plus, a_square, share, width, row_edges, col_edges, grid
@@ -650,12 +661,10 @@ def _block_sums_into(  # pragma: no cover - compiled
                     v = v + square[j] * square[j]
                 if share is None:  # pruned: the argument's type decides
                     column[j] += np.float64(v)
-                else:  # in the arrays' dtype, as torch's division and product round it
-                    if a_plus is not None:
-                        part = plus[j] / v
-                    if a_square is not None:
-                        part = square[j] / v * square[j]
-                    column[j] += np.float64(part) if np.isfinite(part) else 0.0  # 0/0 -> 0
+                elif a_plus is not None:
+                    column[j] += _extra_share(v, plus[j], False)
+                elif a_square is not None:
+                    column[j] += _extra_share(v, square[j], True)
         for cb in range(col_edges.size - 1):
             total = 0.0
             for j in range(col_edges[cb], col_edges[cb + 1]):
@@ -894,7 +903,7 @@ def _square_sum(values, lo, hi):  # pragma: no cover - compiled
     values_at = values[lo:hi]
     total = 0.0
     for j in range(hi - lo):
-        total += np.float64(values_at[j]) * np.float64(values_at[j])  # exact: 24-bit by 24-bit
+        total += np.float64(values_at[j]) * np.float64(values_at[j])  # exact for float32 values
     return total
 
 
@@ -932,14 +941,12 @@ def _totals_into(  # pragma: no cover - compiled
             if r_square is not None:
                 r_square_at = r_square[lo:hi]
             for j in range(hi - lo):
-                share = np.float64(0.0)
                 if r_plus is not None:
                     e = r_plus_at[j]
-                    share = e / (r_at[j] + e)  # as StatTerms.extra_share, rounding included
+                    block[j] = _extra_share(r_at[j] + e, e, False)
                 if r_square is not None:
                     e = r_square_at[j]
-                    share = e / (r_at[j] + e * e) * e
-                block[j] = share if np.isfinite(share) else 0.0  # 0/0 -> 0: a zero sum has zero terms
+                    block[j] = _extra_share(r_at[j] + e * e, e, True)
             out[4] += _lane_sum(block, hi - lo)
 
 
