@@ -22,24 +22,22 @@ class SizedModel(Protocol):
 
 
 # What an analysis costs beyond 2 P flop per context token and direction (the r directions and the tied
-# table's probes), fitted to the seconds `benchmarks/bench_engine.py` measures on SmolLM2-135M (prefixes
-# of 5 to 256 tokens, continuations up to 64, exact and Monte Carlo; it prints the estimate against the
-# measured time) and counted in flops per parameter at the matmul rate. Why they depend on the machine:
-# only the matmuls follow that rate; the backward's elementwise ops and the summary's passes follow
-# memory, so the faster a machine's matmuls against its memory, the larger these are (README, Speed).
-# Fitted on a 2-core AVX-512 AMD EPYC (matmuls at 96-190 GFLOP/s); on a 2-core AVX-512 Intel Xeon
-# (340-390 GFLOP/s) the direction efficiency was 1.9 and the summary 4300. The per-token term went from
-# 130 to 70 when the probes were counted as directions: it had carried them, so that a long response
-# with few directions (mc:4 over 64 tokens, ~1700 probe directions against 256 sampled ones) was the
-# least well estimated; with them counted, two runs of the benchmark fall within 0.81-1.17x (but for
-# one 5-token run slowed to 20.5 s, at 0.57x; 0.83-0.87x when run again).
-DIRECTION_EFFICIENCY = 1.22  # the batched backward and the block squares against 2 r P t at the matmul rate
-POSITION_FLOPS_PER_PARAM = 200  # per analysed position: forward, C_mu, the moments folded into the sums
-CONTEXT_TOKEN_FLOPS_PER_PARAM = 70  # per context token of each position: activations kept, attention
-# 4.3 until M's pairs were summed in register blocks (its moments 3.1 -> 1.8 s at 32 tokens): the
-# benchmark's 32-token estimate went to 1.21x, the 64-token one stayed at 1.02x
-GHOST_PAIR_FLOPS_PER_PARAM = 2.5  # times n (n + 1) per position in the ghost form: its squares, M
-SUMMARY_FLOPS_PER_PARAM = 600  # once, measured: totals, concentration curves, top coordinates
+# table's probes), counted in flops per parameter at the matmul rate at the model's width
+# (`workers.throughput.matmul_rate`) and fitted to the seconds `benchmarks/bench_engine.py` measures on
+# SmolLM2-135M (prefixes of 5 to 256 tokens, continuations up to 64, exact and Monte Carlo; it prints the
+# estimate against the measured time): two runs on a 2-core AVX-512 EPYC (190-216 GFLOP/s at that
+# width) fall within 0.88-1.13x. A term per analysed position was fitted at zero there (each position's
+# work follows its context tokens), so it is not counted.
+# Why these depend on the machine: only the matmuls follow that rate; the backward's elementwise ops and
+# the summary's passes do not, so the faster a machine's matmuls against the rest, the larger these are.
+# Fitted against the 2048^2 rate on an EPYC, they had fallen 16-32% short on a Xeon whose 2048^2 rate
+# was twice the EPYC's, most of it because the Xeon's products at SmolLM2's width ran at 271-306
+# GFLOP/s against 307-394 for the square (README, Speed). A streamed memory rate, tried as a second
+# rate for the rest, did not follow the measured times (`workers.throughput`).
+DIRECTION_EFFICIENCY = 1.04  # the batched backward and the block squares against 2 r P t at the matmul rate
+CONTEXT_TOKEN_FLOPS_PER_PARAM = 41  # per context token of each position: activations kept, attention
+GHOST_PAIR_FLOPS_PER_PARAM = 2.9  # times n (n + 1) per position in the ghost form: its squares, M
+SUMMARY_FLOPS_PER_PARAM = 2000  # once: the forward, C_mu, totals, concentration curves, top coordinates
 
 
 def context_lengths(job: AnalysisJob) -> list[int]:
@@ -126,12 +124,9 @@ def ghost_context_pairs(info: SizedModel, job: AnalysisJob) -> int:
 
 
 def estimate_seconds(info: SizedModel, job: AnalysisJob, flops_per_second: float) -> float:
-    """The direction pass at its measured efficiency, plus the per-position, per-token, ghost-form and
-    summary work."""
-    contexts = context_lengths(job)
+    """The direction pass at its measured efficiency, plus the per-token, ghost-form and summary work."""
     overhead = info.n_params * (
-        POSITION_FLOPS_PER_PARAM * len(contexts)
-        + CONTEXT_TOKEN_FLOPS_PER_PARAM * sum(contexts)
+        CONTEXT_TOKEN_FLOPS_PER_PARAM * sum(context_lengths(job))
         + GHOST_PAIR_FLOPS_PER_PARAM * ghost_context_pairs(info, job)
         + SUMMARY_FLOPS_PER_PARAM
     )

@@ -5,9 +5,9 @@ Prints, in one run on this machine:
   the floor 2 r P T at the float32 matmul rate measured in the same process, the ratio to it, the
   summary stage against the direction pass, and when the first partial result comes in a run that
   makes them (as the service does, on a worker that has made them before);
-- the cost estimate (`backend.cost.estimate_cost` at the measured rate) against the measured time, for
-  prefixes of 5 to 256 tokens and continuations up to 64 (the long ones with Monte Carlo directions,
-  which the estimate models the same way, so the run stays in minutes);
+- the cost estimate (`backend.cost.estimate_cost` at the rate measured around each case) against the
+  measured time, for prefixes of 5 to 256 tokens and continuations up to 64 (the long ones with Monte
+  Carlo directions, which the estimate models the same way, so the run stays in minutes);
 - Monte Carlo with 16/64/256 samples against exact (time, relative L2 error, top-1% overlap), and the
   per-candidate brute force (one backward per vocabulary token) extrapolated from timed backwards.
 
@@ -170,32 +170,32 @@ def child_exact(model_id: str, device: str, tokens: int) -> dict:
 
 
 def child_estimate(model_id: str, device: str, cases: list[tuple[int, int, str]]) -> dict:
-    """Estimated against measured seconds, each case's estimate at the mean of the matmul rates measured
-    just before and just after it (the shared machine's speed drifts by up to ~1.8x within a run of the
-    long cases: one rate for all of them made the estimate follow the drift, not the model)."""
+    """Estimated against measured seconds, each case's estimate at the mean of the matmul rates (at the
+    model's width, as the CLI measures it) just before and just after it (the shared machine's speed
+    drifts by up to ~1.8x within a run of the long cases: one rate for all of them made the estimate
+    follow the drift, not the model)."""
     from backend.cost import estimate_cost
     from workers.jobs import analyze_job
-    from workers.throughput import measure
+    from workers.throughput import measure_width
 
-    loaded, settings, rate = _setup(model_id, device)
+    loaded, settings, _ = _setup(model_id, device)
     analyze_job(loaded, _job(loaded, _ids(loaded, 3), method="mc:2"), settings)  # warm
     rows = []
     for tokens, continuation, method in cases:
         ids = _ids(loaded, tokens + continuation)
         job = _job(loaded, ids[:tokens], ids[tokens:], method)
-        before = measure(device, size=2048)
+        before = measure_width(device, loaded.info.d_model)
         start = time.perf_counter()
         analyze_job(loaded, job, settings)
         seconds = time.perf_counter() - start
-        rate = (before + measure(device, size=2048)) / 2
-        estimate = estimate_cost(loaded.info, job, rate).seconds
+        rate = (before + measure_width(device, loaded.info.d_model)) / 2
         rows.append(
             {
                 "tokens": tokens,
                 "continuation": continuation,
                 "method": method,
                 "seconds": seconds,
-                "estimate": estimate,
+                "estimate": estimate_cost(loaded.info, job, rate).seconds,
                 "rate": rate,
             }
         )
@@ -342,7 +342,7 @@ def main() -> None:
         return
     _report_exact("32-token prefix", _run_child(["exact", "32"], args))
     estimate = _run_child(["estimate", *(f"{t},{c},{m}" for t, c, m in ESTIMATE_CASES)], args)
-    print("\n== cost estimate against measured time (each at the matmul rate measured around it)")
+    print("\n== cost estimate against measured time (each at the matmul rate at the model's width around it)")
     for row in estimate["rows"]:
         ratio = row["estimate"] / row["seconds"]
         print(

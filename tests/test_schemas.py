@@ -11,7 +11,6 @@ from backend.cost import (
     CONTEXT_TOKEN_FLOPS_PER_PARAM,
     DIRECTION_EFFICIENCY,
     GHOST_PAIR_FLOPS_PER_PARAM,
-    POSITION_FLOPS_PER_PARAM,
     SUMMARY_FLOPS_PER_PARAM,
     context_lengths,
     estimate_cost,
@@ -173,14 +172,11 @@ def test_cost_exact_matches_design_figure() -> None:
     # 576 directions of C_mu (the tied table's probes summed from them: exact), the forward
     assert cost.flops == pytest.approx(2 * (576 + 1) * 134_515_008 * 5)
     assert 0.7e12 < cost.flops < 0.8e12
-    # the seconds add what the direction pass does not count: a position, its 5 tokens, the ghost form
-    # of its squares (576 directions over 5 rows: the engine's rule picks it), the summary
+    # the seconds add what the direction pass does not count: its 5 tokens, the ghost form of its
+    # squares (576 directions over 5 rows: the engine's rule picks it), the summary
     assert ghost_context_pairs(info, job) == 5 * 6
     overhead = 134_515_008 * (
-        POSITION_FLOPS_PER_PARAM
-        + 5 * CONTEXT_TOKEN_FLOPS_PER_PARAM
-        + 30 * GHOST_PAIR_FLOPS_PER_PARAM
-        + SUMMARY_FLOPS_PER_PARAM
+        5 * CONTEXT_TOKEN_FLOPS_PER_PARAM + 30 * GHOST_PAIR_FLOPS_PER_PARAM + SUMMARY_FLOPS_PER_PARAM
     )
     assert cost.seconds == pytest.approx((DIRECTION_EFFICIENCY * cost.flops + overhead) / 1e12)
 

@@ -1,8 +1,20 @@
-"""The float32 matmul rate of a device, measured once and remembered, for cost estimates in seconds.
+"""A device's float32 matmul rate at a model's width, measured once and remembered, for cost estimates
+in seconds.
 
-Why remembered: measuring takes a second, and a CLI run for a 2-direction estimate should not spend
-it every time. The rate is kept per device (CPU model and thread count, or the GPU's name) in the model
-cache folder; `refresh` measures again (the benchmarks always do, to compare with their own runs).
+Why the model's width and not one large square: the batched backward multiplies at the model's shapes,
+and how fast those run against a 2048^2 square differs by machine. The estimate's constants
+(`backend.cost`) were fitted against the square's rate on an EPYC, where SmolLM2's shapes ran as fast as
+it (206-213 GFLOP/s against 204-207), and fell 16-32% short on a Xeon where they ran at 271-306 against
+307-394 (README, Speed). The square's rate (`measure`) stays the benchmarks' floor.
+
+Why one rate: a second, the memory's (a float32 sum streamed out of cache), was measured around each of
+the benchmark's analyses and did not follow them: it read 43-81 GB/s within one run, the same analyses
+took at most 15% longer or shorter between two runs and not with it, and the estimate through it spread
+0.70-1.22x of the measured times against 0.88-1.13x through the matmul rate alone.
+
+Why remembered: measuring takes a second, and a CLI run for a 2-direction estimate should not spend it
+every time. The rate is kept per device (CPU model and thread count, or the GPU's name) and width in the
+model cache folder; `refresh` measures again (the benchmarks always do, to compare with their own runs).
 """
 
 from __future__ import annotations
@@ -11,13 +23,17 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 
 import torch
 
 from backend.registry import cache_dir
 
 CACHE_NAME = "throughput.json"
-METHOD = "sustained-1s"  # how a remembered rate was measured: one taken another way is measured again
+# how a remembered rate was measured: one measured another way (the 2048^2 square) is measured again
+METHOD = "width-1s"
+MLP_RATIO = 3  # a block's MLP width against d_model: 8/3 (Llama, SmolLM2) to 4 (GPT-2); Qwen3-1.7B's is 3
+WIDTH_ROWS = 2048  # rows of each product: a chunk of directions times tokens, as the batched backward has
 
 
 def device_key(device: str) -> str:
@@ -37,35 +53,65 @@ def _cpu_model() -> str:
         return platform.processor()
 
 
-def measure(device: str = "cpu", size: int | None = None, seconds: float = 1.0) -> float:
-    """Sustained float32 matmul flops per second on ``device`` (at the backend's setting: full precision
-    unless TF32 is allowed, as the worker leaves it unless asked):
-    multiplies of ``size`` x ``size`` repeated for ``seconds``.
+def _sustained(target: torch.device, step: Callable[[], object], units: float, seconds: float) -> float:
+    """``units`` per call of ``step``, repeated for ``seconds`` after one warm-up call, per second.
 
     Why sustained rather than the fastest of a few: on the 2-core CPU machine the fastest of five 2048^2
     multiplies ranged 101-181 GFLOP/s between processes minutes apart, a second of them 132-146, and
     the engine's measured times followed the second (the same analysis took the same time at either).
     """
-    target = torch.device(device)
-    size = size or (4096 if target.type == "cuda" else 2048)
-    a = torch.randn(size, size, device=target)
-    a @ a  # warm up
+    step()
     if target.type == "cuda":
         torch.cuda.synchronize(target)
     count = 0
     start = time.perf_counter()
     while True:
-        a @ a
+        step()
         if target.type == "cuda":
             torch.cuda.synchronize(target)
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return 2 * size**3 * count / elapsed
+            return units * count / elapsed
 
 
-def matmul_rate(device: str = "cpu", refresh: bool = False) -> float:
-    """The remembered rate of ``device`` (measured on first use, or when ``refresh``)."""
+def measure(device: str = "cpu", size: int | None = None, seconds: float = 1.0) -> float:
+    """Sustained float32 flops per second of ``size`` x ``size`` multiplies on ``device`` (at the
+    backend's setting: full precision unless TF32 is allowed, as the worker leaves it unless asked):
+    the benchmarks' floor 2 r P T is counted at this rate."""
+    target = torch.device(device)
+    size = size or (4096 if target.type == "cuda" else 2048)
+    a = torch.randn(size, size, device=target)
+    return _sustained(target, lambda: a @ a, 2.0 * size**3, seconds)
+
+
+def measure_width(device: str, d_model: int, seconds: float = 1.0, rows: int = WIDTH_ROWS) -> float:
+    """Sustained float32 flops per second of a block's products at width ``d_model``: ``rows`` rows
+    through d x d (attention's projections), d x 3d and 3d x d (the MLP's), in turn.
+
+    Why the model's width and not 2048^2: the batched backward multiplies at these shapes, and how fast
+    they run against a large square differs by machine (on the Xeon SmolLM2's ran at 271-306 GFLOP/s
+    against 307-394 for 2048^2, on an AVX-512 EPYC at 206-213 against 204-207).
+    """
+    target = torch.device(device)
+    wide = MLP_RATIO * d_model
+    x = torch.randn(rows, d_model, device=target)
+    h = torch.randn(rows, wide, device=target)
+    square = torch.randn(d_model, d_model, device=target)
+    up = torch.randn(d_model, wide, device=target)
+    down = torch.randn(wide, d_model, device=target)
+
+    def block() -> None:
+        x @ square
+        x @ up
+        h @ down
+
+    return _sustained(target, block, 2.0 * rows * d_model * (d_model + 2 * wide), seconds)
+
+
+def matmul_rate(device: str, d_model: int, refresh: bool = False) -> float:
+    """The remembered rate of ``device`` at width ``d_model`` (measured on first use, or when
+    ``refresh``)."""
     path = cache_dir() / CACHE_NAME
     key = device_key(device)
     try:
@@ -73,13 +119,19 @@ def matmul_rate(device: str = "cpu", refresh: bool = False) -> float:
     except (OSError, ValueError):
         known = {}
     entry = known.get(key)
-    fresh = isinstance(entry, dict) and entry.get("method") == METHOD and entry.get("flops_per_second", 0) > 0
-    if fresh and not refresh:
-        return float(entry["flops_per_second"])  # type: ignore[index]
-    rate = measure(device)
-    known[key] = {"flops_per_second": rate, "measured_at": time.time(), "method": METHOD}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
-    partial.write_text(json.dumps(known, indent=1))
-    partial.replace(path)
-    return rate
+    if not (
+        isinstance(entry, dict)
+        and entry.get("method") == METHOD
+        and isinstance(entry.get("width_flops_per_second"), dict)
+    ):
+        entry = {"method": METHOD, "width_flops_per_second": {}}
+    widths = entry["width_flops_per_second"]
+    if refresh or not widths.get(str(d_model), 0) > 0:
+        widths[str(d_model)] = measure_width(device, d_model)
+        entry["measured_at"] = time.time()
+        known[key] = entry
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+        partial.write_text(json.dumps(known, indent=1))
+        partial.replace(path)
+    return float(widths[str(d_model)])

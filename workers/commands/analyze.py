@@ -94,8 +94,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     job = normalize(create, codec, info, settings.limits())
     from workers.throughput import matmul_rate
 
-    # seconds on the device at hand: its float32 matmul rate (measured once, remembered), not a guess
-    rate = matmul_rate(args.device)
+    # seconds on the device at hand: its float32 matmul rate at the model's width (measured once,
+    # remembered), not a guess
+    rate = matmul_rate(args.device, info.d_model)
     cost = estimate_cost(info, job, flops_per_second=rate)
     print(
         f"estimated cost: {cost.flops / 1e12:.3g} TFLOP, {cost.directions} directions, ~{cost.seconds:.3g} s "

@@ -239,7 +239,7 @@ def _checked_cost(args: argparse.Namespace, info, spec, encoded):
         references=len(spec.references),
         references_everywhere=spec.compare_at == "responses",
     )
-    rate = matmul_rate(args.device)
+    rate = matmul_rate(args.device, info.d_model)
     cost = estimate_study_cost(shape, spec.method, rate)
     print(
         f"estimated cost (upper bound): {cost.flops / 1e12:.3g} TFLOP, ~{cost.seconds:.3g} s at "
