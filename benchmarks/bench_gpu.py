@@ -165,11 +165,14 @@ def _ids(loaded, tokens: int) -> list[int]:
 
 
 def rates(device: str, quick: bool) -> dict:
-    """Float32 matmul rates at full precision and with TF32 (sustained for a second each)."""
-    from workers.throughput import measure
+    """Float32 matmul rates at full precision and with TF32 (sustained for a second each), and at each
+    model's width as the CLI's cost estimate measures it (never measured on a GPU before)."""
+    from workers.throughput import measure, measure_width
 
     sizes = (256,) if quick else (4096, 8192)
     found = {f"float32_{n}": measure(device, size=n) for n in sizes}
+    widths = (QUICK["hidden_size"],) if quick else tuple(shape["hidden_size"] for shape in SHAPES.values())
+    found.update({f"width_{d}": measure_width(device, d) for d in widths})
     if device.startswith("cuda"):
         with _tf32(True):
             found[f"tf32_{sizes[-1]}"] = measure(device, size=sizes[-1])
@@ -406,6 +409,8 @@ def _summarize(report: dict) -> None:
         print(
             f"  matmul rate: float32 {rate / 1e12:.2f} TFLOP/s at full precision; TF32 {tf32 or '-'} TFLOP/s"
         )
+        widths = ", ".join(f"{k} {v / 1e12:.2f}" for k, v in found.items() if k.startswith("width"))
+        print(f"  at the models' widths (the cost estimate's rate): {widths or '-'} TFLOP/s")
     for key, value in report.items():
         if "/exact/" not in key or "seconds" not in value:
             continue

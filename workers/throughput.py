@@ -24,6 +24,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -109,29 +110,47 @@ def measure_width(device: str, d_model: int, seconds: float = 1.0, rows: int = W
     return _sustained(target, block, 2.0 * rows * d_model * (d_model + 2 * wide), seconds)
 
 
+def _remembered(path: Path) -> dict:
+    """The cache file's entries by device, or none where it is missing, unreadable or not a mapping."""
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _widths(known: dict, key: str) -> dict[str, dict]:
+    """The widths remembered for device ``key`` that were measured the current way and hold a rate."""
+    entry = known.get(key)
+    if not (
+        isinstance(entry, dict) and entry.get("method") == METHOD and isinstance(entry.get("widths"), dict)
+    ):
+        return {}
+    return {
+        width: measured
+        for width, measured in entry["widths"].items()
+        if isinstance(measured, dict) and _is_rate(measured.get("flops_per_second"))
+    }
+
+
+def _is_rate(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
 def matmul_rate(device: str, d_model: int, refresh: bool = False) -> float:
     """The remembered rate of ``device`` at width ``d_model`` (measured on first use, or when
     ``refresh``)."""
     path = cache_dir() / CACHE_NAME
-    key = device_key(device)
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    entry = known.get(key)
-    if not (
-        isinstance(entry, dict)
-        and entry.get("method") == METHOD
-        and isinstance(entry.get("width_flops_per_second"), dict)
-    ):
-        entry = {"method": METHOD, "width_flops_per_second": {}}
-    widths = entry["width_flops_per_second"]
-    if refresh or not widths.get(str(d_model), 0) > 0:
-        widths[str(d_model)] = measure_width(device, d_model)
-        entry["measured_at"] = time.time()
-        known[key] = entry
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.part")
-        partial.write_text(json.dumps(known, indent=1))
-        partial.replace(path)
-    return float(widths[str(d_model)])
+    key, width = device_key(device), str(d_model)
+    remembered = None if refresh else _widths(_remembered(path), key).get(width)
+    if remembered is not None:
+        return float(remembered["flops_per_second"])
+    rate = measure_width(device, d_model)
+    known = _remembered(path)  # read again: what another process measured meanwhile is kept
+    widths = {**_widths(known, key), width: {"flops_per_second": rate, "measured_at": time.time()}}
+    known[key] = {"method": METHOD, "widths": widths}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    partial.write_text(json.dumps(known, indent=1))
+    partial.replace(path)
+    return rate
