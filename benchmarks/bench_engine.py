@@ -53,10 +53,8 @@ def _peak_gb() -> float:
 def _setup(model_id: str, device: str):
     from backend.settings import get_settings
     from workers.models.loading import load_model
-    from workers.throughput import measure
 
-    loaded = load_model(model_id, device=device)
-    return loaded, get_settings(), measure(device, size=2048)
+    return load_model(model_id, device=device), get_settings()
 
 
 def _ids(loaded, tokens: int) -> list[int]:
@@ -93,7 +91,7 @@ def child_exact(model_id: str, device: str, tokens: int) -> dict:
     from workers.jobs import analyze_job
     from workers.throughput import measure
 
-    loaded, settings, _ = _setup(model_id, device)
+    loaded, settings = _setup(model_id, device)
     job = _job(loaded, _ids(loaded, tokens))
     analyze_job(loaded, _job(loaded, _ids(loaded, 3)), settings)  # warm: first calls compile and allocate
     # the first analysis of this length also pays for memory the process has never touched (on this
@@ -178,7 +176,7 @@ def child_estimate(model_id: str, device: str, cases: list[tuple[int, int, str]]
     from workers.jobs import analyze_job
     from workers.throughput import measure_width
 
-    loaded, settings, _ = _setup(model_id, device)
+    loaded, settings = _setup(model_id, device)
     analyze_job(loaded, _job(loaded, _ids(loaded, 3), method="mc:2"), settings)  # warm
     rows = []
     for tokens, continuation, method in cases:
@@ -208,7 +206,7 @@ def child_mc(model_id: str, device: str, samples: list[int]) -> dict:
 
     from workers.jobs import analyze_job
 
-    loaded, settings, _ = _setup(model_id, device)
+    loaded, settings = _setup(model_id, device)
     ids = _ids(loaded, 5)
     exact_analysis = analyze_job(loaded, _job(loaded, ids), settings)
     exact = torch.cat([v.reshape(-1) for v in exact_analysis.per_parameter("fisher").values()])
@@ -233,7 +231,7 @@ def child_brute_force(model_id: str, device: str, candidates: int = 8) -> dict:
     """Seconds per vocabulary token of the per-candidate brute force, times the vocabulary."""
     import torch
 
-    loaded, _, _ = _setup(model_id, device)
+    loaded, _ = _setup(model_id, device)
     model = loaded.model
     ids = torch.tensor(_ids(loaded, 5), device=device)
     params = list(model.parameters())
