@@ -88,12 +88,8 @@ def measure(device: str = "cpu", size: int | None = None, seconds: float = 1.0) 
 
 def measure_width(device: str, d_model: int, seconds: float = 1.0, rows: int = WIDTH_ROWS) -> float:
     """Sustained float32 flops per second of a block's products at width ``d_model``: ``rows`` rows
-    through d x d (attention's projections), d x 3d and 3d x d (the MLP's), in turn.
-
-    Why the model's width and not 2048^2: the batched backward multiplies at these shapes, and how fast
-    they run against a large square differs by machine (on the Xeon SmolLM2's ran at 271-306 GFLOP/s
-    against 307-394 for 2048^2, on an AVX-512 EPYC at 206-213 against 204-207).
-    """
+    through d x d (attention's projections), d x 3d and 3d x d (the MLP's), in turn: the shapes the
+    batched backward multiplies at (why not 2048^2: the module's docstring)."""
     target = torch.device(device)
     wide = MLP_RATIO * d_model
     x = torch.randn(rows, d_model, device=target)
