@@ -15,4 +15,6 @@ RUN pip install .
 RUN useradd --create-home fisherscope && mkdir -p /data && chown fisherscope /data
 USER fisherscope
 EXPOSE 8000 8050
+# 0.0.0.0 inside the container, so a published port reaches it: `serve` then refuses to start without
+# FISHERSCOPE_API_TOKEN (docker run -e FISHERSCOPE_API_TOKEN=... -p 127.0.0.1:8000:8000 fisherscope)
 CMD ["fisherscope", "serve", "--host", "0.0.0.0", "--port", "8000"]

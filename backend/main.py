@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from backend.access import HostGuard, RateLimiter
 from backend.guards import BodyGuard
 from backend.normalize import RequestError
 from backend.queue import JobQueue, RedisQueue
@@ -27,6 +28,7 @@ from backend.settings import Settings, get_settings
 from backend.store import RedisStore, Store
 from backend.studies import StudyService
 from backend.study_routes import studies
+from backend.unrouted import unrouted_router
 
 REDIS_DOWN = "Redis is unreachable; the service recovers by itself when it is back, retry in a few seconds"
 
@@ -67,11 +69,14 @@ def create_app(
     )
     app.state.service = AnalysisService(settings, store, queue)
     app.state.studies = StudyService(app.state.service)
+    app.state.rate_limiter = RateLimiter(settings)
     app.include_router(api)
     app.include_router(studies)
     app.include_router(health)
+    app.include_router(unrouted_router(api, studies))  # last: what no route above serves under /api
     _add_error_handlers(app)
     app.add_middleware(BodyGuard)
+    app.add_middleware(HostGuard, allowed=settings.allowed_hosts)  # outermost: before any body is read
     return app
 
 

@@ -10,6 +10,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
+from backend.access import rate_limited, require_token
 from backend.schemas import (
     AnalysisCreate,
     AnalysisPublic,
@@ -24,12 +25,20 @@ from backend.schemas import (
 from backend.service import AnalysisService, ServiceError
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "malformed body"},
+    400: {"model": ErrorBody, "description": "malformed body, or a Host this server does not answer to"},
     404: {"model": ErrorBody, "description": "unknown analysis, tensor or stat"},
     409: {"model": ErrorBody, "description": "the analysis is not done yet"},
     413: {"model": ErrorBody, "description": "body too large"},
     422: {"model": ErrorBody, "description": "bad request content; `detail` says what to fix"},
     503: {"model": ErrorBody, "description": "Redis or the model cache is unavailable"},
+}
+# routes that start compute or write to disk: the server's token when it has one, and a per-client limit
+COMPUTE: dict[str, Any] = {
+    "dependencies": [Depends(require_token), Depends(rate_limited)],
+    "responses": {
+        401: {"model": ErrorBody, "description": "the server has an API token and the request lacks it"},
+        429: {"model": ErrorBody, "description": "over the client's rate limit; see Retry-After"},
+    },
 }
 
 
@@ -56,7 +65,11 @@ health = APIRouter()
     "/analyses",
     response_model=AnalysisPublic,
     status_code=202,
-    responses={200: {"model": AnalysisPublic, "description": "finished (served from the cache)"}},
+    dependencies=COMPUTE["dependencies"],
+    responses={
+        200: {"model": AnalysisPublic, "description": "finished (served from the cache)"},
+        **COMPUTE["responses"],
+    },
 )
 def create_analysis(create: AnalysisCreate, service: Service) -> Response:
     """Queue an analysis (202) or answer it from the cache (200); the id is the cache key."""
@@ -127,7 +140,11 @@ def read_top(
     "/analyses/{analysis_id}/safetensors",
     response_model=AnalysisPublic,
     status_code=202,
-    responses={200: {"content": {"application/octet-stream": {}}, "description": "the safetensors file"}},
+    dependencies=COMPUTE["dependencies"],
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "the safetensors file"},
+        **COMPUTE["responses"],
+    },
 )
 def download_safetensors(analysis_id: AnalysisId, service: Service) -> Response:
     """Every per-parameter array (`<stat>/<param>`); computed on demand, 202 until the file is ready."""

@@ -9,9 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from limits import parse_many
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+MIN_TOKEN_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -64,12 +69,49 @@ class Settings(BaseSettings):
     engine_memory_bytes: int = Field(
         default=1 << 30, description="memory one direction chunk of the engine may use (bytes)"
     )
+    api_token: SecretStr | None = Field(
+        default=None,
+        description="when set, routes that compute or write to disk (and the dashboard) need it: "
+        "`Authorization: Bearer TOKEN` (or HTTP Basic with it as password); unset = open, for loopback only",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default=list(LOOPBACK_HOSTS),
+        description="Host header values served (comma-separated; '*' = any): a DNS-rebinding page "
+        "reaches a local service under its own host name, which is refused",
+    )
+    rate_limit: str = Field(
+        default="60/minute;600/hour",
+        description="per client, over the routes that start compute (`limits` notation, ';' between)",
+    )
     result_ttl_s: int = Field(default=7 * 24 * 3600, description="how long results stay in Redis")
     max_result_bytes: int = Field(default=64 * 2**20, description="memory budget per analysis in Redis")
     job_timeout_s: int = Field(default=3600, description="a job running longer fails")
     queue_name: str = "fisherscope"
     pooled_rows: int = 128
     pooled_cols: int = 128
+
+    @field_validator("api_token")
+    @classmethod
+    def _token_is_long_enough(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and len(token.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"FISHERSCOPE_API_TOKEN must be at least {MIN_TOKEN_CHARS} characters; make one with "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return token
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, hosts: object) -> object:
+        if isinstance(hosts, str):
+            return [host.strip().lower() for host in hosts.split(",") if host.strip()]
+        return hosts
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate_limit_parses(cls, rate_limit: str) -> str:
+        parse_many(rate_limit)  # ValueError naming the bad part
+        return rate_limit
 
     def export_path(self, analysis_id: str) -> Path:
         """Where the safetensors file of an analysis is written (by a worker) and read (by the API)."""

@@ -128,8 +128,10 @@ class Store(ABC):
         self.update_meta(analysis_id, status="running", stage=stage, progress=min(max(progress, 0.0), 1.0))
         self.touch_lease(analysis_id)
 
-    def fail(self, analysis_id: str, error: str) -> None:
-        self.update_meta(analysis_id, status="failed", error=error)
+    def fail(self, analysis_id: str, error: str, permanent: bool = False) -> None:
+        """Mark a job failed. ``permanent``: the request itself cannot succeed (a reward pattern that
+        fails on a response), so submitting it again queues nothing and the error says what to change."""
+        self.update_meta(analysis_id, status="failed", error=error, permanent=permanent)
         self._drop_partial(analysis_id)
 
     @abstractmethod

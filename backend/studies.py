@@ -65,13 +65,14 @@ class StudyService:
                 "a study samples its responses: use sampler.kind 'model' or 'uniform', not 'data'",
                 field="sampler.kind",
             )
+        reward = None
         if create.reward is not None:
-            try:
-                RewardRule(create.reward.kind, create.reward.pattern)
-            except ValueError as error:
-                raise RequestError(str(error), field="reward.pattern") from None
             if create.reward.kind == RewardKind.exact and create.reward.pattern is not None:
                 raise RequestError("an exact reward takes no pattern; remove it", field="reward.pattern")
+            try:
+                reward = RewardRule(create.reward.kind, create.reward.pattern)
+            except ValueError as error:
+                raise RequestError(str(error), field="reward.pattern") from None
         limit = self.settings.max_prefix_tokens
         prompts = []
         for number, item in enumerate(create.prompts, start=1):
@@ -88,11 +89,16 @@ class StudyService:
             target_ids = None
             if item.target:
                 target_ids = codec.encode_continuation(check_text(item.target, f"{where}.target"))
-            elif create.reward is not None:
+            elif reward is not None:
                 raise RequestError(
                     f"prompt {number} has no target; the reward compares each response with it",
                     field=f"{where}.target",
                 )
+            if reward is not None:
+                try:
+                    reward.check_target(item.target or "")
+                except ValueError as error:
+                    raise RequestError(f"prompt {number}: {error}", field="reward.pattern") from None
             prompts.append(StudyJobPrompt(input_ids=ids, target=item.target or None, target_ids=target_ids))
         job = StudyJob(
             model=create.model,
@@ -164,8 +170,8 @@ class StudyService:
         for index in range(len(job.prompts)):
             record = part_id(study_id, index)
             part = self.store.checked_meta(record)
-            if part is not None and part["status"] == JobStatus.done:
-                continue  # a retried study runs only the prompts that did not finish
+            if part is not None and (part["status"] == JobStatus.done or part.get("permanent")):
+                continue  # a retried study runs only the prompts that did not finish and can
             queued = {"kind": PART_KIND, "status": JobStatus.queued.value, "progress": 0.0, "stage": None}
             if self.store.claim(record, {**queued, "error": None, "study": study_id, "prompt_index": index}):
                 self.queue.enqueue(
@@ -220,6 +226,7 @@ class StudyService:
                     progress=part.get("progress") or 0.0,
                     stage=part.get("stage"),
                     error=part.get("error"),
+                    permanent=bool(part.get("permanent")),
                 )
             )
         status, error = _study_status(meta, parts)
@@ -293,6 +300,13 @@ def _study_status(meta: dict, parts: list[StudyPartPublic]) -> tuple[JobStatus, 
     if status in (JobStatus.done, JobStatus.failed):
         return status, meta.get("error")
     failed = [p for p in parts if p.status == JobStatus.failed]
+    permanent = [p for p in failed if p.permanent]
+    if permanent:
+        first = permanent[0]
+        return JobStatus.failed, (
+            f"prompt {first.prompt_index + 1} failed: {first.error}; retrying cannot fix this: change the "
+            "request (the reward pattern or the prompt's target) and POST the new study"
+        )
     if failed:
         first = failed[0]
         return JobStatus.failed, (

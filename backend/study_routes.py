@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 
-from backend.routes import ERRORS
+from backend.routes import COMPUTE, ERRORS
 from backend.studies import StudyService
 from backend.study_schemas import StudyCreate, StudyMaskComparison, StudyMaskView, StudyPublic
 
@@ -27,7 +27,11 @@ studies = APIRouter(prefix="/api/v1", responses=ERRORS)
     "/studies",
     response_model=StudyPublic,
     status_code=202,
-    responses={200: {"model": StudyPublic, "description": "finished (served from the cache)"}},
+    dependencies=COMPUTE["dependencies"],
+    responses={
+        200: {"model": StudyPublic, "description": "finished (served from the cache)"},
+        **COMPUTE["responses"],
+    },
 )
 def create_study(create: StudyCreate, service: Studies) -> Response:
     """Queue a study, one job per prompt over every running worker (202), or answer it from the cache."""

@@ -119,6 +119,7 @@ class StudyPartPublic(BaseModel):
     progress: float = Field(0.0, ge=0.0, le=1.0)
     stage: str | None = None
     error: str | None = None
+    permanent: bool = Field(False, description="failed for a reason that submitting it again cannot fix")
 
 
 class StudyCost(BaseModel):

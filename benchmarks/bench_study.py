@@ -64,7 +64,7 @@ ARITHMETIC = [
     ("Q: 6+1=? A:", " 7"),
     ("Q: 9-5=? A:", " 4"),
 ]
-ANSWER_FIRST = r"^\s*{target}(?!\d)"  # the answer, and not a longer number, before anything else
+ANSWER_FIRST = r"^\s*{target}(\D|$)"  # the answer, and not a longer number, before anything else
 MC_SEED_OFFSET = 1_000  # the extra Monte Carlo responses are indices K + 1000.. of each prompt's stream
 
 

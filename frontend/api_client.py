@@ -1,14 +1,17 @@
-"""The dashboard's only view of the HTTP API (issue 3): every URL the frontend uses is built here.
+"""The dashboard's only view of the HTTP API: every URL the frontend uses is built here.
 
 Errors come back as `ApiError` with the API's own message (its 4xx `detail`), so the dashboard can show
-what to fix instead of a stack trace.
+what to fix instead of a stack trace. The server's API token, when it has one, stays in this process:
+it is sent from here, never to a browser and never in a link.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from urllib.parse import quote
 
+import flask
 import httpx
 
 API_PREFIX = "/api/v1"
@@ -45,14 +48,28 @@ def readable_detail(response: httpx.Response) -> str:
     return str(detail)
 
 
+TOKEN_VARIABLE = "FISHERSCOPE_API_TOKEN"
+
+
+def _forwarded_for() -> dict[str, str]:
+    """The browser's address, inside a dashboard request: the API limits each person, not the
+    dashboard (uvicorn takes X-Forwarded-For from a loopback peer, which the embedded dashboard is)."""
+    if flask.has_request_context() and flask.request.remote_addr:
+        return {"X-Forwarded-For": flask.request.remote_addr}
+    return {}
+
+
 class ApiClient:
     """Synchronous client for the fisherscope API at `base_url` (e.g. http://127.0.0.1:8000)."""
 
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 30.0, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        token = token if token is not None else os.environ.get(TOKEN_VARIABLE) or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        kwargs["headers"] = {**kwargs.get("headers", {}), **_forwarded_for()}
         try:
             response = self.http.request(method, API_PREFIX + path, **kwargs)
         except httpx.HTTPError as error:
@@ -112,7 +129,7 @@ class ApiClient:
         """
         path = API_PREFIX + f"/analyses/{quote(analysis_id, safe='')}/safetensors"
         try:
-            with self.http.stream("GET", path) as response:
+            with self.http.stream("GET", path, headers=_forwarded_for()) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise ApiError(readable_detail(response))

@@ -15,16 +15,22 @@ import dash
 from frontend import layout
 from frontend.api_client import ApiClient
 from frontend.callbacks import compare, explorer, exports, run, slides, state
+from frontend.server_guard import guard_dash_server
 from frontend.summaries import Summaries
 
 ASSETS = Path(__file__).parent / "assets"
 
 
 def create_dash_app(
-    api_base_url: str, requests_pathname_prefix: str = "/", public_api_url: str | None = None
+    api_base_url: str,
+    requests_pathname_prefix: str = "/",
+    public_api_url: str | None = None,
+    api_token: str | None = None,
 ) -> dash.Dash:
-    """The dashboard, calling the API at `api_base_url`; browsers download from `public_api_url`."""
-    api = ApiClient(api_base_url)
+    """The dashboard, calling the API at `api_base_url`; browsers download from `public_api_url`.
+    ``api_token`` (default $FISHERSCOPE_API_TOKEN): the server's token, sent to the API from here and
+    asked of every browser that opens the dashboard."""
+    api = ApiClient(api_base_url, token=api_token)
     public = ApiClient(public_api_url) if public_api_url else api
     app = dash.Dash(
         __name__,
@@ -41,4 +47,5 @@ def create_dash_app(
     explorer.register(app, summaries)
     exports.register(app, api, public, summaries)
     compare.register(app, api, summaries)
+    guard_dash_server(app, api_token)
     return app

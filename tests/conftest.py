@@ -6,7 +6,14 @@ SmolLM2 and the deterministic tiny-random model on every machine.
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Starlette's test clients call the app as http://testserver, a name no deployment answers to; the
+# compute routes' per-client limit is one no test reaches but the test of that limit (its own settings)
+os.environ.setdefault("FISHERSCOPE_ALLOWED_HOSTS", "localhost,127.0.0.1,::1,testserver")
+os.environ.setdefault("FISHERSCOPE_RATE_LIMIT", "100000/minute")
 
 
 def pytest_collection_modifyitems(config, items):

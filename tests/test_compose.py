@@ -7,6 +7,7 @@ site-packages directly.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -23,13 +24,20 @@ def compose_binary() -> Path:
     return binary
 
 
-def compose(*args: str) -> subprocess.CompletedProcess:
+TOKEN = "compose-test-token-0123456789"
+
+
+def compose(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FISHERSCOPE_")}
+    if token is not None:
+        env["FISHERSCOPE_API_TOKEN"] = token
     return subprocess.run(
         [str(compose_binary()), "-f", str(ROOT / "docker-compose.yml"), *args],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
+        env=env,
     )
 
 
@@ -51,6 +59,17 @@ def test_compose_services_health_and_gpu() -> None:
     assert services["frontend"]["depends_on"]["api"]["condition"] == "service_healthy"
     devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in device["capabilities"] for device in devices)
+
+
+def test_compose_needs_a_token_and_publishes_on_loopback() -> None:
+    refused = compose("config", "--quiet", token=None)
+    assert refused.returncode != 0 and "FISHERSCOPE_API_TOKEN" in refused.stderr
+    services = json.loads(compose("config", "--format", "json").stdout)["services"]
+    for name in ("api", "frontend"):
+        assert services[name]["environment"]["FISHERSCOPE_API_TOKEN"] == TOKEN
+        hosts = services[name]["environment"]["FISHERSCOPE_ALLOWED_HOSTS"].split(",")
+        assert "*" not in hosts and "api" in hosts
+        assert {port["host_ip"] for port in services[name]["ports"]} == {"127.0.0.1"}
 
 
 def test_broken_compose_file_is_rejected(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ persist to a folder, and the dashboard is mounted under `/` beside the API.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 from collections.abc import Callable
@@ -96,7 +97,7 @@ def _run(function: str, payload: dict, store: Store, settings: Settings) -> None
         raise ValueError(f"unknown job function {function}")
 
 
-def with_dashboard(api: Any, api_base_url: str) -> Any:
+def with_dashboard(api: Any, api_base_url: str, api_token: str | None = None) -> Any:
     """Mount the study page under `/studies` and the Dash dashboard under `/` (the API keeps /api,
     /healthz, /readyz, /docs). Starlette matches mounts in order: `/studies` goes first."""
     from a2wsgi import WSGIMiddleware
@@ -104,21 +105,72 @@ def with_dashboard(api: Any, api_base_url: str) -> Any:
     from frontend.app import create_dash_app
     from frontend.studies.app import create_study_app
 
-    api.mount("/studies", WSGIMiddleware(create_study_app(api_base_url).server))
-    api.mount("/", WSGIMiddleware(create_dash_app(api_base_url).server))
+    api.mount("/studies", WSGIMiddleware(create_study_app(api_base_url, api_token=api_token).server))
+    api.mount("/", WSGIMiddleware(create_dash_app(api_base_url, api_token=api_token).server))
     return api
 
 
-def build_app(settings: Settings, host: str, port: int, preload: str | None = None) -> Any:
-    return with_dashboard(embedded_api(settings, preload), f"http://{host}:{port}")
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
-    import uvicorn
+def _own_url(host: str, port: int) -> str:
+    """Where the dashboard reaches the API of its own process: loopback when bound to every address."""
+    if host.strip("[]") in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
 
-    logging.basicConfig(level=logging.INFO)
-    app = build_app(
-        get_settings(), host, port, preload=DEFAULT_MODEL if is_available(DEFAULT_MODEL) else None
+
+def served_settings(settings: Settings, host: str) -> Settings:
+    """The settings with the bound address among the allowed hosts (a browser may use it as the name)."""
+    name = host.strip("[]").lower()
+    if name in ("0.0.0.0", "::", "") or name in settings.allowed_hosts:
+        return settings
+    return settings.model_copy(update={"allowed_hosts": [*settings.allowed_hosts, name]})
+
+
+def exposure_problem(host: str, settings: Settings, open_without_token: bool) -> str | None:
+    """Why serving on ``host`` is refused: beyond loopback, anyone who reaches it could start compute."""
+    if is_loopback(host) or settings.api_token is not None or open_without_token:
+        return None
+    return (
+        f"serving on {host} lets anyone who reaches it start computations: set FISHERSCOPE_API_TOKEN "
+        "(and FISHERSCOPE_ALLOWED_HOSTS, the names people use), or pass --open-without-token"
     )
-    print(f"fisherscope: dashboard and API on http://{host}:{port}/  (API docs: /docs)", flush=True)
+
+
+def build_app(settings: Settings, host: str, port: int, preload: str | None = None) -> Any:
+    settings = served_settings(settings, host)
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    return with_dashboard(embedded_api(settings, preload), _own_url(host, port), token)
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, open_without_token: bool = False) -> None:
+    """Run the embedded service; UsageError (before anything starts) when it would be open to others."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from workers.commands.common import UsageError
+
+    try:
+        settings = get_settings()
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise UsageError(f"FISHERSCOPE_{str(first['loc'][0]).upper()}: {first['msg']}") from None
+    problem = exposure_problem(host, settings, open_without_token)
+    if problem is not None:
+        raise UsageError(problem)
+    logging.basicConfig(level=logging.INFO)
+    app = build_app(settings, host, port, preload=DEFAULT_MODEL if is_available(DEFAULT_MODEL) else None)
+    guarded = "token required for compute" if settings.api_token else "no token: open to this machine"
+    print(
+        f"fisherscope: dashboard and API on {_own_url(host, port)}/  (API docs: /docs; {guarded})", flush=True
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning")

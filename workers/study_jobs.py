@@ -90,7 +90,9 @@ def execute_study_part(
                 partial.replace(target)
             store.update_meta(record, status=JobStatus.done.value, stage="done", progress=1.0)
         except BaseException as error:  # RQ's timeout included: the part ends failed, never running
-            store.fail(record, _reason(error))  # the study reads its parts: it shows failed too
+            # the study reads its parts: it shows failed too. A ValueError is the request's content
+            # (a reward that cannot score a response): running it again would fail the same way
+            store.fail(record, _reason(error), permanent=isinstance(error, ValueError))
             if not isinstance(error, Exception):
                 raise
             return
