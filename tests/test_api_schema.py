@@ -28,9 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/11"
 
 
-def redis_app():
+def redis_app(**overrides):
+    return create_app(Settings(redis_url=REDIS_URL, queue_name="fisherscope-schema-test", **overrides))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def empty_database():
+    """Db 11 is this module's: the queued analyses of one run are not the next run's cache."""
     redis.Redis.from_url(REDIS_URL).flushdb()
-    return create_app(Settings(redis_url=REDIS_URL, queue_name="fisherscope-schema-test"))
 
 
 def test_openapi_schema_is_pinned() -> None:
@@ -57,6 +62,8 @@ def test_backend_main_does_not_import_torch() -> None:
 
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", redis_app())
+# a shared server: every request without the token, so compute routes answer their documented 401
+guarded = schemathesis.openapi.from_asgi("/openapi.json", redis_app(api_token="schema-test-token-0123456789"))
 
 
 @pytest.mark.slow
@@ -71,3 +78,10 @@ def test_schemathesis_no_server_errors(case) -> None:
             response_schema_conformance,
         ]
     )
+
+
+@pytest.mark.slow
+@guarded.parametrize()
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+def test_schemathesis_no_server_errors_with_a_token(case) -> None:
+    case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance])
