@@ -13,7 +13,7 @@ from typing import Protocol
 from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec, SampleSpec
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
-from backend.vocabulary import MODEL_ID, SamplerKind, format_method, parse_method
+from backend.vocabulary import SamplerKind, format_method, is_model_id, parse_method
 
 
 class RequestError(ValueError):
@@ -41,7 +41,7 @@ class DigestedModel(Protocol):
 
 def check_model_id(model_id: str, allowed: list[str]) -> str:
     """The id itself if the operator allows it; path-like or unknown ids are refused."""
-    if not MODEL_ID.fullmatch(model_id) or ".." in model_id:
+    if not is_model_id(model_id):
         raise RequestError(
             f"model must be one of the allowed ids {sorted(allowed)}, not a path or URL; got {model_id!r}",
             field="model",

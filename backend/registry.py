@@ -19,9 +19,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from backend.schemas import ENGINE_VERSION
-from backend.vocabulary import MODEL_ID
+from backend.vocabulary import MODEL_ID_RULE, is_model_id
 
 CACHE_ENV = "FISHERSCOPE_CACHE"
+# An id is a folder name in the cache and a path segment in URLs: no '..', no leading or trailing
+# punctuation, so that every id that can be added can also be used and removed.
+ID_RULE = MODEL_ID_RULE
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_NAME = "tokenizer.json"
 CERTIFICATES = "certificates"
@@ -101,6 +104,11 @@ class ModelInfo:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
+def is_valid_id(model_id: str) -> bool:
+    """Whether ``model_id`` may name a model: see ID_RULE."""
+    return is_model_id(model_id)
+
+
 def cache_dir() -> Path:
     """Root of the model cache: ``$FISHERSCOPE_CACHE`` or ``~/.cache/fisherscope``."""
     configured = os.environ.get(CACHE_ENV)
@@ -127,7 +135,7 @@ def registered_ids() -> list[str]:
         return []
     found = []
     for folder in root.iterdir():
-        if MODEL_ID.fullmatch(folder.name) and folder.name not in BUILTIN:
+        if is_valid_id(folder.name) and folder.name not in BUILTIN:
             manifest = _manifest(folder)
             if manifest is not None and manifest.get("registered"):
                 found.append(folder.name)
@@ -142,7 +150,7 @@ def list_models() -> list[str]:
 def check_id(model_id: str) -> str:
     """``model_id`` if it is built in or registered; raises UnknownModel otherwise."""
     if model_id in BUILTIN or (
-        MODEL_ID.fullmatch(model_id) and (_manifest(cache_dir() / model_id) or {}).get("registered")
+        is_valid_id(model_id) and (_manifest(cache_dir() / model_id) or {}).get("registered")
     ):
         return model_id
     raise UnknownModel(model_id)
@@ -150,14 +158,14 @@ def check_id(model_id: str) -> str:
 
 def model_dir(model_id: str) -> Path:
     """Folder of an id in the cache (a built-in id's may not exist yet)."""
-    if not MODEL_ID.fullmatch(model_id):
+    if not is_valid_id(model_id):
         raise UnknownModel(model_id)
     return cache_dir() / model_id
 
 
 def is_available(model_id: str) -> bool:
     """True when the id's folder is complete (its manifest is written last)."""
-    return MODEL_ID.fullmatch(model_id) is not None and (model_dir(model_id) / MANIFEST_NAME).is_file()
+    return is_valid_id(model_id) and (model_dir(model_id) / MANIFEST_NAME).is_file()
 
 
 def model_info(model_id: str) -> ModelInfo:
@@ -176,6 +184,11 @@ def tokenizer_path(model_id: str) -> Path:
     return model_dir(model_id) / TOKENIZER_NAME
 
 
+# what a stored certificate checked: a pass from before the finiteness and causality checks proves
+# less than one made today, so it is certified again
+CERTIFICATE_CHECKS = "finite-causal"
+
+
 def certificate_path(digest: str, dtype: str) -> Path:
     return cache_dir() / CERTIFICATES / f"{digest.removeprefix('sha256:')}-{dtype}.json"
 
@@ -186,7 +199,7 @@ def read_certificate(digest: str, dtype: str) -> dict | None:
         stored = json.loads(certificate_path(digest, dtype).read_text())
     except (OSError, ValueError):
         return None
-    if stored.get("engine_version") != ENGINE_VERSION:
+    if stored.get("engine_version") != ENGINE_VERSION or stored.get("checks") != CERTIFICATE_CHECKS:
         return None
     return stored.get("certificate")
 
@@ -196,5 +209,6 @@ def write_certificate(digest: str, dtype: str, certificate: dict) -> None:
     path = certificate_path(digest, dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.part")
-    partial.write_text(json.dumps({"engine_version": ENGINE_VERSION, "certificate": certificate}, indent=1))
+    record = {"engine_version": ENGINE_VERSION, "checks": CERTIFICATE_CHECKS, "certificate": certificate}
+    partial.write_text(json.dumps(record, indent=1))
     partial.replace(path)

@@ -11,7 +11,16 @@ import re
 from enum import StrEnum
 
 # A model id: what the HTTP API accepts in place of a path (built-in and registered ids alike).
-MODEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+MODEL_ID = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?")
+MODEL_ID_RULE = (
+    "1-64 characters of a-z, 0-9, '.', '_', '-', starting and ending with a letter or digit, without '..'"
+)
+
+
+def is_model_id(model_id: str) -> bool:
+    """Whether ``model_id`` may name a model (MODEL_ID_RULE): never a path, never '..'."""
+    return MODEL_ID.fullmatch(model_id) is not None and ".." not in model_id
+
 
 # Per-parameter statistics (DESIGN.md section 2), in the order summaries and files list them.
 STATS: tuple[str, ...] = (

@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from backend.vocabulary import LANDING_PREFIX, MODEL_ID, EngineKind, SamplerKind, format_method, parse_method
+from backend.vocabulary import (
+    LANDING_PREFIX,
+    MODEL_ID_RULE,
+    EngineKind,
+    SamplerKind,
+    format_method,
+    is_model_id,
+    parse_method,
+)
 
 N_SLIDES = 10
 SAMPLER_KINDS = tuple(kind.value for kind in SamplerKind)
@@ -131,8 +139,8 @@ def read_texts(params: Params, updates: dict[str, Any], errors: list[str]) -> No
     for key in ("model", "prefix", "continuation", "data_token"):
         if key in params:
             updates[key] = params[key]
-    if "model" in updates and not MODEL_ID.fullmatch(updates["model"]):
-        errors.append(f"model {updates['model']!r} is not a model id (a-z, 0-9, '.', '_', '-')")
+    if "model" in updates and not is_model_id(updates["model"]):
+        errors.append(f"model {updates['model']!r} is not a model id ({MODEL_ID_RULE})")
         del updates["model"]
 
 

@@ -134,3 +134,11 @@ def tiny_llama(tied: bool = True, seed: int = 0, dtype: torch.dtype = torch.floa
 def tiny_qwen2(seed: int = 0, dtype: torch.dtype = torch.float64):
     """A Llama-like model whose q/k/v projections carry biases."""
     return tiny_model("qwen2", tied=False, seed=seed, dtype=dtype)
+
+
+def save_tiny_tokenizer(folder) -> None:
+    """The tiny BPE tokenizer (vocab 512) beside a saved model, as ``fisherscope models add`` wants it."""
+    from workers.models.fetch import TINY_SPECIAL_TOKEN, TINY_TOKENIZER_PATH
+
+    special = {name: TINY_SPECIAL_TOKEN for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    hf.PreTrainedTokenizerFast(tokenizer_file=str(TINY_TOKENIZER_PATH), **special).save_pretrained(folder)

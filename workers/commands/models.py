@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from workers.commands.common import quiet_transformers
+from workers.commands.common import UsageError, quiet_transformers
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -35,6 +35,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _models_add(args: argparse.Namespace) -> int:
+    from backend.registry import ID_RULE, is_valid_id
+
+    if not is_valid_id(args.id):  # before torch is imported: a typo costs no seconds
+        raise UsageError(f"model id {args.id!r} must be {ID_RULE}")
     quiet_transformers()
     from workers.models.register import add_model
 

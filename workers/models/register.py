@@ -16,15 +16,16 @@ from pathlib import Path
 from backend.registry import (
     BUILTIN,
     COMPUTE_DTYPES,
+    ID_RULE,
     TOKENIZER_NAME,
     ModelInfo,
     UnknownModel,
     is_available,
+    is_valid_id,
     model_dir,
     model_info,
     registered_ids,
 )
-from backend.vocabulary import MODEL_ID
 from workers.models.folder import describe_folder, staged, write_manifest
 from workers.models.loading import (
     LoadedModel,
@@ -33,6 +34,7 @@ from workers.models.loading import (
     ensure_certificate,
     load_weights,
     one_line,
+    pretrained_causal_lm,
     tokenizer_from_folder,
 )
 
@@ -82,11 +84,8 @@ def remove_model(model_id: str) -> None:
 
 
 def _check_new_id(model_id: str) -> None:
-    if not MODEL_ID.fullmatch(model_id):
-        raise RegistryError(
-            f"model id {model_id!r} must be 1-64 characters of a-z, 0-9, '.', '_', '-', "
-            "starting with a letter or digit"
-        )
+    if not is_valid_id(model_id):
+        raise RegistryError(f"model id {model_id!r} must be {ID_RULE}")
     if model_id in BUILTIN:
         raise RegistryError(f"{model_id} is a built-in id; choose another")
     if is_available(model_id) or model_dir(model_id).exists():
@@ -123,7 +122,7 @@ def _check_source(source: str, revision: str | None, trust_remote_code: bool) ->
 
 def _save_source(source: str, staging: Path, revision: str | None, trust_remote_code: bool) -> None:
     """The source's weights in their own dtype (safetensors) and its tokenizer, into ``staging``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     location = str(Path(source).expanduser()) if Path(source).expanduser().is_dir() else source
     try:
@@ -135,11 +134,11 @@ def _save_source(source: str, staging: Path, revision: str | None, trust_remote_
     if not getattr(tokenizer, "is_fast", False):
         raise RegistryError(f"{source}: only fast (tokenizer.json) tokenizers are supported")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = pretrained_causal_lm(
             location, revision=revision, trust_remote_code=trust_remote_code, dtype="auto"
         )
-    except Exception as error:
-        raise RegistryError(f"cannot load the weights of {source}: {one_line(error)}") from None
+    except ModelLoadError as error:  # weights missing, unused or unreadable: nothing is saved
+        raise RegistryError(str(error)) from None
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     if not (staging / TOKENIZER_NAME).is_file():
