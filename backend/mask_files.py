@@ -9,7 +9,7 @@ model. Every read goes tensor by tensor: a 1.7B-parameter model's mask is never 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,23 +23,38 @@ class MaskFileError(ValueError):
     """A file that is not a fisherscope mask file, or two that cannot be compared (the message says why)."""
 
 
+MASK_FILE = (
+    "a mask file holds uint8 tensors of 0 and 1 keyed 'q<q>/<param name>' with 0 < q <= 1; give a file "
+    "from fisherscope study --masks or GET /api/v1/studies/{id}/masks"
+)
+MASK_DTYPE = "U8"  # safetensors' name of uint8
+
+
 def mask_key(q: float, name: str) -> str:
     return f"q{q:g}/{name}"
 
 
 def _parse_key(key: str) -> tuple[float, str] | None:
+    """(q, name) of a mask key spelled as ``mask_key`` spells it, or None."""
     prefix, _, name = key.partition("/")
     if not name or not prefix.startswith("q"):
         return None
     try:
-        return float(prefix[1:]), name
+        q = float(prefix[1:])
     except ValueError:
         return None
+    # NaN fails the comparison; another spelling of q ('q0.010') would not be found again by mask_key
+    if not 0 < q <= 1 or key != mask_key(q, name):
+        return None
+    return q, name
 
 
 @dataclass
 class MaskFile:
-    """The header of a mask file: densities, parameter names in file order, shapes, metadata."""
+    """The header of a mask file: densities, parameter names in file order, shapes, metadata.
+
+    Opening checks every key and dtype, and that each density covers the same parameters; the values
+    are checked (0 or 1) as each tensor is read."""
 
     path: Path
     fractions: list[float]
@@ -52,24 +67,22 @@ class MaskFile:
             with safe_open(str(path), framework="numpy") as handle:
                 metadata = handle.metadata() or {}
                 keys = list(handle.keys())  # noqa: SIM118  (safe_open has keys(), not iteration)
-                shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in keys}
+                slices = {key: handle.get_slice(key) for key in keys}
+                layout = {key: (item.get_dtype(), tuple(item.get_shape())) for key, item in slices.items()}
         except (OSError, SafetensorError) as error:
             raise MaskFileError(f"{path} is not a readable safetensors file ({error})") from None
-        fractions: set[float] = set()
-        names: dict[str, tuple[int, ...]] = {}
-        for key in keys:
+        by_q: dict[float, dict[str, tuple[int, ...]]] = {}
+        for key, (dtype, shape) in layout.items():
             parsed = _parse_key(key)
             if parsed is None:
-                raise MaskFileError(
-                    f"{path} holds {key!r}, not a mask key 'q<q>/<param name>'; give a file from "
-                    "fisherscope study --masks or GET /api/v1/studies/{id}/masks"
-                )
+                raise MaskFileError(f"{path} holds {key!r}, not a mask key; {MASK_FILE}")
+            if dtype != MASK_DTYPE:
+                raise MaskFileError(f"{path} holds {key!r} as {dtype}, not uint8; {MASK_FILE}")
             q, name = parsed
-            fractions.add(q)
-            names.setdefault(name, shapes[key])
-        if not fractions:
-            raise MaskFileError(f"{path} holds no masks")
-        return cls(path, sorted(fractions), names, metadata)
+            by_q.setdefault(q, {})[name] = shape
+        if not by_q:
+            raise MaskFileError(f"{path} holds no masks; {MASK_FILE}")
+        return cls(path, sorted(by_q), _same_parameters(path, by_q), metadata)
 
     @property
     def n_params(self) -> int:
@@ -89,15 +102,41 @@ class MaskFile:
         """uint8 array shaped like the parameter, 1 inside the mask."""
         if name not in self.shapes:
             raise MaskFileError(f"no parameter {name!r} in {self.path.name}")
+        key = mask_key(self.check_fraction(q), name)
         with safe_open(str(self.path), framework="numpy") as handle:
-            return handle.get_tensor(mask_key(self.check_fraction(q), name))
+            return self._checked(key, handle.get_tensor(key))
 
-    def masks(self, q: float) -> Iterator[tuple[str, np.ndarray]]:
-        """(name, mask) for every parameter at density q, one tensor in memory at a time."""
+    def masks(self, q: float, names: Iterable[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, mask) for every parameter at density q (in the order of ``names``, else the file's),
+        one tensor in memory at a time."""
         q = self.check_fraction(q)
         with safe_open(str(self.path), framework="numpy") as handle:
-            for name in self.shapes:
-                yield name, handle.get_tensor(mask_key(q, name))
+            for name in self.shapes if names is None else names:
+                key = mask_key(q, name)
+                yield name, self._checked(key, handle.get_tensor(key))
+
+    def count(self, q: float) -> int:
+        """Coordinates in the mask of density q, counted in the tensors."""
+        return sum(int(np.count_nonzero(mask)) for _, mask in self.masks(q))
+
+    def _checked(self, key: str, mask: np.ndarray) -> np.ndarray:
+        if mask.size and mask.max() > 1:
+            raise MaskFileError(f"{self.path} holds {mask.max()} in {key!r}, not only 0 and 1; {MASK_FILE}")
+        return mask
+
+
+def _same_parameters(path: Path, by_q: dict[float, dict[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+    """The parameters every density covers, each with one shape (a density short of one would fail
+    only when that mask is read)."""
+    (first_q, shapes), *others = by_q.items()
+    for q, other in others:
+        if other != shapes:
+            differing = sorted(set(shapes) ^ set(other)) or [n for n in shapes if shapes[n] != other[n]]
+            raise MaskFileError(
+                f"{path}: the masks of density {first_q:g} and {q:g} differ at {differing[0]!r}; a mask "
+                "file holds every parameter, in one shape, at each of its densities"
+            )
+    return shapes
 
 
 def _group_edges(n: int, groups: int) -> np.ndarray:
@@ -142,7 +181,7 @@ def compare_mask_files(a: MaskFile, b: MaskFile) -> dict:
     counts = []
     for q in common:
         both = size_a = size_b = 0
-        for (_, mask_a), (_, mask_b) in zip(a.masks(q), b.masks(q), strict=True):
+        for (_, mask_a), (_, mask_b) in zip(a.masks(q), b.masks(q, a.shapes), strict=True):
             in_a, in_b = mask_a.astype(bool), mask_b.astype(bool)
             both += int(np.count_nonzero(in_a & in_b))
             size_a += int(np.count_nonzero(in_a))

@@ -26,7 +26,7 @@ def unrouted_router(*served: APIRouter) -> APIRouter:
                 method
                 for route in routes
                 if route.matches(request.scope)[0] == Match.PARTIAL
-                for method in route.methods
+                for method in route.methods or ()
             }
         )
         path = request.url.path

@@ -15,7 +15,7 @@ from workers.commands.analyze import cmd_analyze
 from workers.commands.common import EXIT_USAGE, UsageError
 from workers.commands.masks import add_masks_parser, cmd_masks
 from workers.commands.models import cmd_fetch, cmd_models
-from workers.commands.options import add_model_options, add_sampler_options
+from workers.commands.options import add_budget_option, add_model_options, add_sampler_options, text
 from workers.commands.study import add_study_parser, cmd_study
 
 QUANTITIES_EPILOG = """\
@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run API + dashboard + in-process worker (embedded mode)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--open-without-token",
+        action="store_true",
+        help="serve beyond loopback with no FISHERSCOPE_API_TOKEN: anyone who reaches it can compute",
+    )
     worker = commands.add_parser("worker", help="run a job worker against Redis")
     worker.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
@@ -95,13 +100,18 @@ def _add_analyze(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     analyze.add_argument("--model", required=True, help="catalog id or a local Hugging Face model folder")
-    analyze.add_argument("--prefix", required=True, help="the text the model continues")
-    analyze.add_argument("--continuation", default=None, help="a response: analyse every position of it")
+    analyze.add_argument("--prefix", required=True, type=text, help="the text the model continues")
+    analyze.add_argument(
+        "--continuation", default=None, type=text, help="a response: analyse every position of it"
+    )
     add_sampler_options(analyze, ("model", "data", "uniform"))
-    analyze.add_argument("--data-token", default=None, help="the data sampler's token: text or '#ID'")
+    analyze.add_argument(
+        "--data-token", default=None, type=text, help="the data sampler's token: text or '#ID'"
+    )
     analyze.add_argument(
         "--reward",
         action="append",
+        type=text,
         default=[],
         metavar="TOKEN=VALUE",
         help="reward of a next token (text or '#ID'); repeat; others get 0",
@@ -120,19 +130,14 @@ def _add_analyze(commands) -> None:
         metavar="FILE.json",
         help="write the summary JSON (what the dashboard draws)",
     )
-    analyze.add_argument(
-        "--max-cost-tflop",
-        type=float,
-        default=None,
-        help="refuse to run when the estimate is above this many TFLOP",
-    )
+    add_budget_option(analyze, "default: no limit")
     add_model_options(analyze)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from workers.serve import serve
 
-    serve(host=args.host, port=args.port)
+    serve(host=args.host, port=args.port, open_without_token=args.open_without_token)
     return 0
 
 

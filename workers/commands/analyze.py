@@ -11,7 +11,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from workers.commands.common import UsageError, progress_bar, quiet_transformers
+from workers.commands.common import UsageError, check_outputs, progress_bar, quiet_transformers
+from workers.commands.options import check_monte_carlo
 
 
 def parse_rewards(items: Sequence[str]) -> dict[str, float]:
@@ -81,11 +82,13 @@ def build_create(args: argparse.Namespace):
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     create = build_create(args)
+    check_outputs({"--save": args.save, "--summary": args.summary})
     if args.tf32:
         import torch
 
         torch.backends.cuda.matmul.allow_tf32 = True
     info, codec, loaded = _resolve_model(args)
+    check_monte_carlo(create.method, info.d_model)
     from backend.cost import cheaper_methods, estimate_cost
     from backend.normalize import normalize
     from backend.settings import get_settings

@@ -58,9 +58,10 @@ def cmd_masks(args: argparse.Namespace) -> int:
 
 
 def format_info(masks) -> str:
+    """What the file holds: the coordinates in each mask counted in its tensors (which checks each is 0/1)
+    beside ceil(q P), and the thresholds the study recorded."""
     meta = masks.metadata
-    counts = json.loads(meta.get("counts", "{}"))
-    thresholds = json.loads(meta.get("thresholds", "{}"))
+    thresholds = _json_object(meta.get("thresholds"))
     total = masks.n_params
     lines = [
         f"{masks.path}: {len(masks.shapes)} parameters, {total:,} coordinates",
@@ -69,14 +70,22 @@ def format_info(masks) -> str:
         f"{'q':>8} {'in the mask':>12} {'ceil(qP)':>10} {'threshold':>11}",
     ]
     for q in masks.fractions:
-        inside = sum(counts.get(f"{q:g}", {}).values())
         threshold = thresholds.get(f"{q:g}")
         shown = f"{threshold:.4g}" if isinstance(threshold, float) else "?"
-        lines.append(f"{q:>8g} {inside:>12,} {math.ceil(q * total):>10,} {shown:>11}")
+        lines.append(f"{q:>8g} {masks.count(q):>12,} {math.ceil(q * total):>10,} {shown:>11}")
     return "\n".join(lines)
+
+
+def _json_object(text: str | None) -> dict:
+    """A metadata field's JSON object; {} where it is missing or not one (metadata is only shown)."""
+    try:
+        value = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _existing(path: Path) -> Path:
     if not path.is_file():
-        raise UsageError(f"{path}: no such file")
+        raise UsageError(f"{path}: {'not a file' if path.exists() else 'no such file'}; give a mask file")
     return path

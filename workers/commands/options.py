@@ -1,8 +1,83 @@
-"""Command-line options that ``analyze`` and ``study`` share, spelled once."""
+"""Command-line options that ``analyze`` and ``study`` share, spelled once, with the checks of their
+values: most run as argparse reads them, so a bad value is one line naming the option before any work."""
 
 from __future__ import annotations
 
 import argparse
+import math
+
+from backend.vocabulary import parse_method
+from workers.commands.common import UsageError
+from workers.studies.prompts import unicode_problem
+
+# devices the engine computes on; others torch knows (meta, xla, ...) hold no data or are not supported
+COMPUTE_DEVICES = ("cpu", "cuda", "mps")
+
+
+def text(value: str) -> str:
+    """Text for the tokenizer: argv bytes that are not UTF-8 arrive as lone surrogates, which it refuses."""
+    problem = unicode_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}; pass UTF-8 text")
+    return value
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number} must be at least 1")
+    return number
+
+
+def budget_tflop(value: str) -> float:
+    """A cost budget: a positive number of TFLOP (inf: no limit); NaN would compare as never exceeded."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of TFLOP") from None
+    if math.isnan(number) or number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number of TFLOP, e.g. 10")
+    return number
+
+
+def device(value: str) -> str:
+    """A torch device this machine has, checked before any model loads (``cpu`` without importing torch)."""
+    if value == "cpu":
+        return value
+    import torch
+
+    try:
+        target = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a torch device; e.g. cpu, cuda, cuda:1") from None
+    if target.type not in COMPUTE_DEVICES:
+        raise argparse.ArgumentTypeError(f"{value!r}: the engine computes on {', '.join(COMPUTE_DEVICES)}")
+    if target.type == "cpu":
+        return value
+    backend = getattr(torch, target.type)
+    count = backend.device_count() if backend.is_available() else 0
+    if not count:
+        raise argparse.ArgumentTypeError(f"{value!r}: no {target.type} device on this machine; use cpu")
+    if target.index is not None and target.index >= count:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: this machine has {count} {target.type} device(s), {target.type}:0 to "
+            f"{target.type}:{count - 1}"
+        )
+    return value
+
+
+def check_monte_carlo(method: str, d_model: int) -> None:
+    """``mc:S`` with more samples than ``d_model``, the most directions the exact method ever takes,
+    costs more than exact and only estimates it (and S past an int64 overflows torch)."""
+    samples = parse_method(method)[2]
+    if samples is not None and samples > d_model:
+        raise UsageError(
+            f"--method {method}: more samples than the exact method's at most {d_model} directions "
+            f"cost more and estimate less; use --method exact or mc:S with S <= {d_model}"
+        )
 
 
 def add_sampler_options(parser: argparse.ArgumentParser, kinds: tuple[str, ...]) -> None:
@@ -30,9 +105,18 @@ def add_sampler_options(parser: argparse.ArgumentParser, kinds: tuple[str, ...])
     parser.add_argument("--method", default="exact", help="exact | truncated:F (0<F<=1) | mc:S (S>=2)")
 
 
+def add_budget_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--max-cost-tflop",
+        type=budget_tflop,
+        default=None,
+        help=f"refuse to run when the estimate is above this many TFLOP ({default})",
+    )
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """Where the model runs and in what precision (as ``fisherscope analyze``)."""
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--device", type=device, default="cpu", help="torch device, e.g. cpu, cuda or cuda:1")
     parser.add_argument(
         "--tf32",
         action="store_true",

@@ -11,10 +11,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from workers.commands.common import UsageError, progress_bar, quiet_transformers
-from workers.commands.options import add_model_options, add_sampler_options
+from backend.rewards import RewardRule
+from workers.commands.common import UsageError, check_outputs, progress_bar, quiet_transformers
+from workers.commands.options import (
+    add_budget_option,
+    add_model_options,
+    add_sampler_options,
+    check_monte_carlo,
+    positive_int,
+    text,
+)
 
 SAMPLER_KINDS = ("model", "uniform")  # a study samples its responses: no data sampler
+# the cost estimate and the summary hold each of a prompt's K x L response tokens, so their number is
+# bounded before either exists (a prompt's K = 64 responses of L = 1024 tokens use 1.6% of it)
+MAX_RESPONSE_TOKENS = 1 << 22
 STUDY_EPILOG = """\
 prompt file: one JSON object per line, {"prompt": TEXT, "target": TEXT}; target is optional (the
   expected response: the empirical Fisher's data, and what a reward compares with).
@@ -34,9 +45,15 @@ def add_study_parser(commands) -> None:
     )
     study.add_argument("--model", required=True, help="catalog id or a local Hugging Face model folder")
     study.add_argument("--prompts", required=True, type=Path, metavar="FILE.jsonl", help="the prompt file")
-    study.add_argument("--samples", type=int, default=4, metavar="K", help="responses per prompt (default 4)")
     study.add_argument(
-        "--max-tokens", type=int, default=16, metavar="L", help="tokens per response at most (default 16)"
+        "--samples", type=positive_int, default=4, metavar="K", help="responses per prompt (default 4)"
+    )
+    study.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=16,
+        metavar="L",
+        help="tokens per response at most (default 16)",
     )
     study.add_argument("--seed", type=int, default=0, help="same seed, same responses (default 0)")
     add_sampler_options(study, SAMPLER_KINDS)
@@ -46,6 +63,7 @@ def add_study_parser(commands) -> None:
     )
     reward.add_argument(
         "--reward-regex",
+        type=text,
         default=None,
         metavar="PATTERN",
         help="reward 1 when PATTERN matches the response; {target} stands for the target, escaped "
@@ -64,7 +82,7 @@ def add_study_parser(commands) -> None:
     study.add_argument("--chat-template", action="store_true", help="wrap each prompt in the chat template")
     study.add_argument(
         "--max-prompt-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="refuse longer prompts (default: the service limit)",
     )
@@ -73,18 +91,13 @@ def add_study_parser(commands) -> None:
     study.add_argument(
         "--save", type=Path, default=None, metavar="OUT.safetensors", help="write F/, U/, M/ and the ids"
     )
-    study.add_argument(
-        "--max-cost-tflop",
-        type=float,
-        default=None,
-        help="refuse above this estimate (default: the service budget)",
-    )
+    add_budget_option(study, "default: the service budget")
     add_model_options(study)
 
 
 def study_spec(args: argparse.Namespace):
     """The StudySpec of the arguments (bad values become UsageError naming the option)."""
-    from backend.rewards import RewardKind, RewardRule
+    from backend.rewards import RewardKind
     from backend.vocabulary import EngineKind, SamplerKind
     from workers.fisher.sampler import SamplerConfig
     from workers.studies.spec import CompareAt, StudySpec
@@ -126,27 +139,36 @@ def study_spec(args: argparse.Namespace):
         raise UsageError(" ".join(str(error).split())) from None
 
 
-def _check_outputs(args: argparse.Namespace) -> list[Path]:
-    outputs = [args.masks, args.summary] + ([args.save] if args.save is not None else [])
-    if len({path.resolve() for path in outputs}) != len(outputs):
-        raise UsageError("--masks, --summary and --save must be three different files")
-    for path in outputs:
-        if not path.parent.is_dir():
-            raise UsageError(f"cannot write {path}: the folder {path.parent} does not exist")
-    return outputs
+def _check_response_tokens(spec) -> None:
+    if spec.samples * spec.max_tokens > MAX_RESPONSE_TOKENS:
+        raise UsageError(
+            f"--samples {spec.samples} x --max-tokens {spec.max_tokens} response tokens per prompt is over "
+            f"the {MAX_RESPONSE_TOKENS:,} a study lists; lower either"
+        )
+
+
+def _check_reward_targets(path: Path, prompts: list, reward: RewardRule) -> None:
+    """Every prompt's target in the reward's pattern, tried before any compute."""
+    for prompt in prompts:
+        try:
+            reward.check_target(prompt.target or "")
+        except ValueError as error:
+            raise UsageError(f"{path} line {prompt.line}: {error}") from None
 
 
 def cmd_study(args: argparse.Namespace) -> int:
     from workers.studies.prompts import PromptFileError, read_prompts, require_targets
 
     spec = study_spec(args)
-    outputs = _check_outputs(args)
+    _check_response_tokens(spec)
+    outputs = check_outputs({"--masks": args.masks, "--summary": args.summary, "--save": args.save})
     try:
         prompts = read_prompts(args.prompts)
         if spec.reward is not None:
             require_targets(
                 args.prompts, prompts, "the reward compares each response with its prompt's target"
             )
+            _check_reward_targets(args.prompts, prompts, spec.reward)
     except PromptFileError as error:
         raise UsageError(str(error)) from None
     if args.tf32:
@@ -156,6 +178,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from workers.commands.analyze import _resolve_model
 
     info, codec, loaded = _resolve_model(args)
+    check_monte_carlo(spec.method, info.d_model)
     encoded = _encode(args, prompts, codec)
     cost = _checked_cost(args, info, spec, encoded)
     if loaded is None:

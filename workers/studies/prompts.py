@@ -38,6 +38,10 @@ class EncodedPrompt:
 
 def read_prompts(path: Path) -> list[StudyPrompt]:
     """Every prompt of ``path``; raises PromptFileError for an empty file or a bad line."""
+    if not path.is_file():
+        # a folder, or a device such as /dev/zero or a pipe: nothing to read, or no end to reading
+        what = "no such file" if not path.exists() else "not a regular file"
+        raise PromptFileError(f"cannot read the prompt file {path}: {what}; lines like {EXAMPLE}")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
@@ -51,14 +55,19 @@ def read_prompts(path: Path) -> list[StudyPrompt]:
     return prompts
 
 
+def unicode_problem(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode text, or None: a lone surrogate (JSON's ``"\\udc80"``, or bytes
+    of a command line that are not UTF-8) has no UTF-8 form, so no tokenizer or regex can take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"not valid Unicode text (a lone surrogate {text[error.start]!r} at character {error.start})"
+    return None
+
+
 def _parse_line(path: Path, number: int, line: str, index: int) -> StudyPrompt:
     where = f"{path} line {number}"
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise PromptFileError(f"{where} is not JSON ({error.msg}); write an object like {EXAMPLE}") from None
-    if not isinstance(item, dict):
-        raise PromptFileError(f"{where} is a JSON {type(item).__name__}, not an object like {EXAMPLE}")
+    item = _json_object(where, line)
     unknown = sorted(set(item) - set(FIELDS))
     if unknown:
         raise PromptFileError(
@@ -70,7 +79,40 @@ def _parse_line(path: Path, number: int, line: str, index: int) -> StudyPrompt:
     target = item.get("target")
     if target is not None and not isinstance(target, str):
         raise PromptFileError(f"{where}: 'target' must be a string (the expected response), e.g. {EXAMPLE}")
+    for field, value in (("prompt", text), ("target", target)):
+        problem = unicode_problem(value) if value is not None else None
+        if problem:
+            raise PromptFileError(f"{where}: '{field}' is {problem}; write the text itself")
     return StudyPrompt(index, number, text, target)
+
+
+def _json_object(where: str, line: str) -> dict:
+    """The line's JSON object; a field given twice is refused rather than the last one silently kept."""
+    try:
+        item = json.loads(line, object_pairs_hook=_without_repeats)
+    except _RepeatedField as repeated:
+        raise PromptFileError(f"{where} gives the field {repeated.args[0]!r} twice; keep one") from None
+    except RecursionError:
+        raise PromptFileError(f"{where} nests too deeply; write an object like {EXAMPLE}") from None
+    except ValueError as error:  # JSONDecodeError, or an integer too long to convert
+        reason = error.msg if isinstance(error, json.JSONDecodeError) else str(error).partition(":")[0]
+        raise PromptFileError(f"{where} is not JSON ({reason}); write an object like {EXAMPLE}") from None
+    if not isinstance(item, dict):
+        raise PromptFileError(f"{where} is a JSON {type(item).__name__}, not an object like {EXAMPLE}")
+    return item
+
+
+class _RepeatedField(Exception):
+    """A key given twice in one JSON object (json keeps the last without a word)."""
+
+
+def _without_repeats(pairs: list[tuple[str, object]]) -> dict:
+    item: dict = {}
+    for key, value in pairs:
+        if key in item:
+            raise _RepeatedField(key)
+        item[key] = value
+    return item
 
 
 def require_targets(path: Path, prompts: Sequence[StudyPrompt], why: str) -> None:
