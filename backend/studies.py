@@ -259,8 +259,16 @@ class StudyService:
             raise ServiceError(404, f"the masks file of study {study_id} is gone; POST the study again")
         return path
 
+    def _mask_file(self, study_id: str) -> MaskFile:
+        """The study's masks file, read and checked; a damaged one is a 404 saying to POST again."""
+        try:
+            return MaskFile.open(self.masks(study_id))
+        except MaskFileError as error:
+            detail = f"the masks file of study {study_id} is damaged ({error}); POST the study again"
+            raise ServiceError(404, detail) from None
+
     def mask_view(self, study_id: str, tensor: str, q: float, rows: int, cols: int) -> StudyMaskView:
-        masks = MaskFile.open(self.masks(study_id))
+        masks = self._mask_file(study_id)
         if tensor not in masks.shapes:
             raise ServiceError(404, f"study {study_id} has no parameter {tensor!r}; its summary lists them")
         try:
@@ -278,7 +286,7 @@ class StudyService:
 
     def compare(self, a: str, b: str) -> StudyMaskComparison:
         """Two finished studies' masks: 422 when they are of different models or share no density."""
-        files = [MaskFile.open(self.masks(study_id)) for study_id in (a, b)]
+        files = [self._mask_file(study_id) for study_id in (a, b)]
         models = [StudyJob.model_validate(self._meta(study_id)["request"]) for study_id in (a, b)]
         if models[0].weights_digest != models[1].weights_digest:
             raise RequestError(
