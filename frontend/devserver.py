@@ -54,6 +54,7 @@ def embedded_service(
     port: int = 0,
     start_timeout_s: float = 120.0,
     landing_analysis: bool = True,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """`fisherscope serve` (embedded mode, no Redis) on 127.0.0.1:port (0: a free one), yielding its URL.
 
@@ -68,6 +69,7 @@ def embedded_service(
         "FISHERSCOPE_RESULTS_DIR": str(results_dir),
         "FISHERSCOPE_EXPORTS_DIR": str(exports_dir),
         "FISHERSCOPE_LANDING_ANALYSIS": "true" if landing_analysis else "false",
+        **(extra_env or {}),
     }
     env.pop("REDIS_URL", None)
     env.pop("FISHERSCOPE_REDIS_URL", None)

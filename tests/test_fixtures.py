@@ -34,18 +34,23 @@ def test_every_fixture_is_listed_with_this_engine_and_the_current_weights(manife
         assert hashlib.sha256(text.encode()).hexdigest() == entry["sha256"], f"{name} was edited by hand"
 
 
-def assert_same_summary(got, want, path: str = "summary") -> None:
+# SmolLM2's float32 sums on another CPU's kernels: up to 6e-5 apart (the mean shift's small squares)
+# between two AVX-512 CPUs of different vendors; a new machine changes no fixture, this absorbs it
+CROSS_CPU_REL_TOL = 2e-4
+
+
+def assert_same_summary(got, want, path: str = "summary", rel_tol: float = 2e-5) -> None:
     """Equal structure and text; numbers equal to float32 rounding (the engine's own arithmetic)."""
     if isinstance(want, dict):
         assert set(got) == set(want), f"{path}: keys differ"
         for key in want:
-            assert_same_summary(got[key], want[key], f"{path}.{key}")
+            assert_same_summary(got[key], want[key], f"{path}.{key}", rel_tol)
     elif isinstance(want, list):
         assert len(got) == len(want), f"{path}: lengths differ"
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            assert_same_summary(a, b, f"{path}[{i}]")
+            assert_same_summary(a, b, f"{path}[{i}]", rel_tol)
     elif isinstance(want, float) and not isinstance(got, bool):
-        assert math.isclose(got, want, rel_tol=2e-5, abs_tol=1e-9), f"{path}: {got} != {want}"
+        assert math.isclose(got, want, rel_tol=rel_tol, abs_tol=1e-9), f"{path}: {got} != {want}"
     else:
         assert got == want, f"{path}: {got!r} != {want!r}"
 
@@ -60,11 +65,11 @@ def test_the_smollm2_prefix_fixture_is_what_the_engine_computes_now(smollm2, man
     summary, entry = fixture_summary("summary_smollm2")
     written_on = manifest["summary_smollm2"].get("machine")
     try:
-        assert_same_summary(summary, json.loads((FIXTURES / "summary_smollm2.json").read_text()))
+        want = json.loads((FIXTURES / "summary_smollm2.json").read_text())
+        assert_same_summary(summary, want, rel_tol=CROSS_CPU_REL_TOL)
     except AssertionError as error:
-        if written_on == entry["machine"]:
-            raise
         raise AssertionError(
-            f"{error}\nThe fixtures were written on {written_on}; this is {entry['machine']}. A float32 "
-            "model's numbers differ between CPUs: if the engine is unchanged, run scripts/make_fixtures.py"
+            f"{error}\nWritten on {written_on}, computed on {entry['machine']}: further apart than CPUs "
+            "differ, so the engine's numbers changed (a deliberate change reruns scripts/make_fixtures.py "
+            "in the same commit)"
         ) from error
