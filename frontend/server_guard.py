@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import base64
 import hmac
+import logging
 import os
 from typing import Any
 
 import dash
 import flask
 from dash.exceptions import DependencyException
+from werkzeug.exceptions import HTTPException
 
 from frontend.api_client import TOKEN_VARIABLE
 
 CALLBACK_PATH = "_dash-update-component"
+log = logging.getLogger(__name__)
 
 
 def guard_dash_server(app: dash.Dash, token: str | None = None) -> None:
@@ -44,6 +47,18 @@ def guard_dash_server(app: dash.Dash, token: str | None = None) -> None:
     @server.errorhandler(DependencyException)
     def _unknown_script(_: DependencyException) -> Any:
         return _refusal(404, "no such script of the dashboard")
+
+    @server.errorhandler(Exception)
+    def _failed(error: Exception) -> Any:
+        """A callback that cannot use the values it was sent (a hand-made request with an object where
+        the page sends text) answers 400 in JSON; the traceback goes to the log, where a bug shows too."""
+        if isinstance(error, HTTPException):
+            return error
+        log.error("dashboard request %s failed", flask.request.path, exc_info=error)
+        name = type(error).__name__
+        if flask.request.path.endswith(CALLBACK_PATH):
+            return _refusal(400, f"the dashboard could not use this request's values ({name}); reload")
+        return _refusal(500, f"the dashboard failed ({name}); the server's log has the details")
 
 
 def _basic_password_matches(authorization: Any, token: str) -> bool:

@@ -171,6 +171,14 @@ def test_dash_internals_refuse_malformed_requests_with_4xx(tmp_path: Path) -> No
     real = layout[0]
     wrong_inputs = {"output": real["output"], "inputs": [], "state": [], "outputs": []}
     assert client.post("/_dash-update-component", json=wrong_inputs).status_code == 400
+    for callback in layout:  # the right shape, an object wherever the page sends text or numbers
+        objects = [
+            [{**item, "value": {"x": 1}} for item in callback.get(field, [])] for field in ("inputs", "state")
+        ]
+        body = {"output": callback["output"], "outputs": [], "inputs": objects[0], "state": objects[1]}
+        answer = client.post("/_dash-update-component", json=body)
+        assert answer.status_code < 500, (callback["output"], answer.text[:200])
+        assert answer.headers["content-type"].startswith("application/json") or answer.status_code == 204
     assert client.get("/_dash-component-suites/dash/nope.js").status_code == 404
 
 
@@ -197,3 +205,20 @@ def test_the_dashboards_client_sends_the_token(tmp_path: Path) -> None:
     anonymous.http = TestClient(app, headers=dict(anonymous.http.headers))
     with pytest.raises(Exception, match="FISHERSCOPE_API_TOKEN"):
         anonymous.submit(ANALYSIS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--port", "99999"], "outside 1-65535"),
+        (["serve", "--port", "http"], "not a port number"),
+        (["worker", "--redis-url", "redis://127.0.0.1:1/15"], "cannot reach Redis"),
+        (["worker", "--redis-url", "bogus://x"], "cannot reach Redis"),
+    ],
+)
+def test_serve_and_worker_options_are_one_line_errors(argv, says, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines

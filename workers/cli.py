@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_masks_parser(commands)
     serve = commands.add_parser("serve", help="run API + dashboard + in-process worker (embedded mode)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=port_number, default=8000)
     serve.add_argument(
         "--open-without-token",
         action="store_true",
@@ -66,6 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     return parser
+
+
+def port_number(text: str) -> int:
+    """A TCP port to listen on: 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 1-65535")
+    return port
 
 
 def _add_models(commands) -> None:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
@@ -35,7 +36,10 @@ def main(argv: Sequence[str] | None = None, *, redis_url: str | None = None, bur
     if not url:
         parser.exit(2, "fisherscope worker: error: set REDIS_URL or pass --redis-url\n")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    worker = build_worker(url, args.queue or settings.queue_name)
+    try:  # RQ's worker talks to Redis as it is made: a wrong URL is one line, not a traceback
+        worker = build_worker(url, args.queue or settings.queue_name)
+    except (RedisError, ValueError) as error:
+        parser.exit(2, f"fisherscope worker: error: cannot reach Redis at {url}: {error}\n")
     worker.work(burst=args.burst, with_scheduler=False)
     return 0
 
