@@ -210,8 +210,8 @@ def test_the_dashboards_client_sends_the_token(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["serve", "--port", "99999"], "outside 1-65535"),
-        (["serve", "--port", "http"], "not a port number"),
+        (["serve", "--port", "99999"], "must be in 1-65535"),
+        (["serve", "--port", "http"], "not a whole number"),
         (["worker", "--redis-url", "redis://127.0.0.1:1/15"], "cannot reach Redis"),
         (["worker", "--redis-url", "bogus://x"], "cannot reach Redis"),
     ],

@@ -15,7 +15,13 @@ from workers.commands.analyze import cmd_analyze
 from workers.commands.common import EXIT_USAGE, UsageError
 from workers.commands.masks import add_masks_parser, cmd_masks
 from workers.commands.models import cmd_fetch, cmd_models
-from workers.commands.options import add_budget_option, add_model_options, add_sampler_options, text
+from workers.commands.options import (
+    add_budget_option,
+    add_model_options,
+    add_sampler_options,
+    port_number,
+    text,
+)
 from workers.commands.study import add_study_parser, cmd_study
 
 QUANTITIES_EPILOG = """\
@@ -66,17 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     return parser
-
-
-def port_number(text: str) -> int:
-    """A TCP port to listen on: 1-65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is outside 1-65535")
-    return port
 
 
 def _add_models(commands) -> None:

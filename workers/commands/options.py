@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 from backend.vocabulary import parse_method
 from workers.commands.common import UsageError
@@ -22,14 +23,24 @@ def text(value: str) -> str:
     return value
 
 
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{number} must be at least 1")
-    return number
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high]."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if number < low or (high is not None and number > high):
+            bounds = f"at least {low}" if high is None else f"in {low}-{high}"
+            raise argparse.ArgumentTypeError(f"{number} must be {bounds}")
+        return number
+
+    return parse
+
+
+positive_int = whole_number(1)
+port_number = whole_number(1, 65535)
 
 
 def budget_tflop(value: str) -> float:
