@@ -11,11 +11,13 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
 from backend.access import rate_limited, require_token
+from backend.export_choice import parse_export_choice
 from backend.schemas import (
     AnalysisCreate,
     AnalysisPublic,
     ComparePublic,
     ErrorBody,
+    ExportChoice,
     Health,
     ModelPublic,
     TensorView,
@@ -136,8 +138,33 @@ def read_top(
     return service.top(analysis_id, stat, limit)
 
 
+def export_choice(
+    stats: Annotated[
+        str | None,
+        Query(max_length=200, description="comma list of statistics; default fisher,mean_shift"),
+    ] = None,
+    tensors: Annotated[
+        str | None,
+        Query(
+            max_length=4000,
+            description="comma list of parameter names, dotted prefixes (model.layers.0) or globs "
+            "(*.mlp.*); default every parameter",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        Query(max_length=16, description="float16 (default; refused if a value overflows) | float32"),
+    ] = None,
+) -> ExportChoice:
+    return parse_export_choice(stats, tensors, dtype)
+
+
+Choice = Annotated[ExportChoice, Depends(export_choice)]
+SAFETENSORS = "/analyses/{analysis_id}/safetensors"
+
+
 @api.get(
-    "/analyses/{analysis_id}/safetensors",
+    SAFETENSORS,
     response_model=AnalysisPublic,
     status_code=202,
     dependencies=COMPUTE["dependencies"],
@@ -146,12 +173,33 @@ def read_top(
         **COMPUTE["responses"],
     },
 )
-def download_safetensors(analysis_id: AnalysisId, service: Service) -> Response:
-    """Every per-parameter array (`<stat>/<param>`); computed on demand, 202 until the file is ready."""
-    answer = service.export(analysis_id)
+def download_safetensors(analysis_id: AnalysisId, choice: Choice, service: Service) -> Response:
+    """The chosen per-parameter arrays (`<stat>/<param>`), computed on demand: 202 until the file is
+    written. Each choice of stats, tensors and dtype is a file of its own; its metadata says what it
+    holds and what float16 rounding did."""
+    answer = service.export(analysis_id, choice)
     if isinstance(answer, Path):
         return FileResponse(answer, media_type="application/octet-stream", filename=answer.name)
     return JSONResponse(answer.model_dump(mode="json"), status_code=202)
+
+
+@api.head(
+    SAFETENSORS,
+    status_code=200,
+    dependencies=COMPUTE["dependencies"],
+    responses={
+        200: {"description": "the file is written: its headers (Content-Length), no body"},
+        202: {"description": "the file is being written"},
+        404: {"description": "nobody asked for this choice yet (GET starts it), or no such analysis"},
+        **COMPUTE["responses"],
+    },
+)
+def head_safetensors(analysis_id: AnalysisId, choice: Choice, service: Service) -> Response:
+    """Whether a choice's file is ready, never starting one: a poll that costs the worker nothing."""
+    answer = service.export_state(analysis_id, choice)
+    if isinstance(answer, Path):
+        return FileResponse(answer, media_type="application/octet-stream", filename=answer.name)
+    return Response(status_code=404 if answer is None else 202)
 
 
 class Stats(BaseModel):

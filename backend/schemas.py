@@ -6,6 +6,7 @@ object the worker runs and the only source of the cache key (`AnalysisJob.key()`
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 from enum import StrEnum
@@ -274,3 +275,45 @@ class TokenizeResponse(BaseModel):
 class Health(BaseModel):
     status: str
     detail: str | None = None
+
+
+class ExportDtype(StrEnum):
+    float16 = "float16"  # half the bytes; ~3 significant digits, magnitudes up to 65504
+    float32 = "float32"  # the engine's sums as computed
+
+
+DEFAULT_EXPORT_STATS = ("fisher", "mean_shift")
+
+
+class ExportChoice(BaseModel):
+    """What one safetensors download holds: which statistics, of which parameters, in which precision.
+
+    Each choice is its own file and its own job; `slug` names the file, so two choices never share one.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stats: tuple[str, ...] = Field(DEFAULT_EXPORT_STATS, description="statistics, in STATS order")
+    tensors: tuple[str, ...] | None = Field(
+        None,
+        description="parameter selectors, sorted: a name, a dotted prefix of names, or a glob; null = all",
+    )
+    dtype: ExportDtype = ExportDtype.float16
+
+    def slug(self) -> str:
+        """`fisher+mean_shift-float16`, plus a digest of the tensor selection when there is one."""
+        slug = f"{'+'.join(self.stats)}-{self.dtype.value}"
+        if self.tensors is not None:
+            slug += "-" + hashlib.sha256(",".join(self.tensors).encode("utf-8")).hexdigest()[:12]
+        return slug
+
+    def selects(self, name: str) -> bool:
+        """Whether parameter ``name`` is in the file: every parameter unless `tensors` narrows it."""
+        if self.tensors is None:
+            return True
+        return any(_selects(selector, name) for selector in self.tensors)
+
+
+def _selects(selector: str, name: str) -> bool:
+    # a dotted prefix stops at a dot: "model.layers.1" holds layer 1, never layer 10
+    return name == selector or name.startswith(selector + ".") or fnmatch.fnmatchcase(name, selector)

@@ -17,6 +17,7 @@ from backend import registry
 from backend.compare import set_comparison, tensor_pairs
 from backend.cost import cheaper_methods, estimate_cost
 from backend.disk import mark_used
+from backend.export_choice import BYTES_PER_VALUE, check_selects_something
 from backend.fastjson import is_strict_json_object, loads
 from backend.normalize import RequestError, check_model_id, check_text, normalize
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, JobQueue
@@ -27,6 +28,7 @@ from backend.schemas import (
     CertificatePublic,
     ComparePublic,
     CostEstimate,
+    ExportChoice,
     JobStatus,
     ModelPublic,
     PooledView,
@@ -48,7 +50,8 @@ from backend.vocabulary import STATS, TOP_FRACTIONS
 _NULL_RESULT_TAIL = b',"result":null}'
 # ... and a running analysis's latest partial result is spliced in the same way, before it.
 _NULL_PARTIAL_TAIL = b',"partial":null,"result":null}'
-SUMMARIES_KEPT = 16  # parsed finished summaries kept for the per-position and compare views
+SUMMARIES_KEPT = 16
+EXPORT_FIELD_PREFIX = "export:"  # parsed finished summaries kept for the per-position and compare views
 
 
 class ServiceError(Exception):
@@ -318,26 +321,60 @@ class AnalysisService:
             raise ServiceError(404, f"no top coordinates for stat {stat!r}; available: {sorted(tops)}")
         return TopCoordinates(stat=stat, coordinates=[TopCoordinate(**c) for c in tops[stat][:limit]])
 
-    def export(self, analysis_id: str) -> Path | AnalysisPublic:
-        """The safetensors file when ready; else start computing it (once) and say so."""
+    def export(self, analysis_id: str, choice: ExportChoice) -> Path | AnalysisPublic:
+        """One choice's safetensors file when it is written; else start writing it (once) and answer
+        the analysis (its status says the export is under way)."""
+        answer = self._export(analysis_id, choice, start=True)
+        return self.get(analysis_id) if answer is None else answer
+
+    def export_state(self, analysis_id: str, choice: ExportChoice) -> Path | AnalysisPublic | None:
+        """As `export` without starting anything (HEAD): None when nobody asked for this choice yet."""
+        return self._export(analysis_id, choice, start=False)
+
+    def _export(self, analysis_id: str, choice: ExportChoice, start: bool) -> Path | AnalysisPublic | None:
         analysis_id, stored = self._done(analysis_id)
-        request = stored.meta["request"]  # type: ignore[index]
-        path = self.settings.export_path(analysis_id)
+        meta = stored.meta or {}
+        self._check_export(analysis_id, choice)
+        path = self.settings.export_path(analysis_id, choice.slug())
         if path.is_file():
             mark_used(path)
             return path
-        meta = self.store.get_meta(analysis_id) or {}
-        started = meta.get("export_started") or 0.0
-        if meta.get("export_status") == "failed":
-            # say why once; the next request starts a fresh attempt
-            self.store.update_meta(analysis_id, export_status=None)
-            reason = meta.get("export_error") or "no reason given"
-            raise ServiceError(500, f"writing the arrays failed: {reason}")
-        if meta.get("export_status") != "running" or time.time() - started > self.settings.job_timeout_s:
-            self.store.update_meta(analysis_id, export_status="running", export_started=time.time())
-            job = AnalysisJob.model_validate(request)
-            self.queue.enqueue(EXPORT_FUNCTION, job.model_dump(mode="json"), analysis_id)
+        key = export_key(choice)
+        record = meta.get(key) or {}
+        if record.get("status") == "failed":
+            if record.get("overflow"):  # the values are what they are: asking again changes nothing
+                raise RequestError(record.get("error") or "float16 overflows; ask for float32", field="dtype")
+            if start:  # say why once; the next request starts a fresh attempt
+                self.store.update_meta(analysis_id, **{key: None})
+            raise ServiceError(500, f"writing the arrays failed: {record.get('error') or 'no reason given'}")
+        started = record.get("started") or 0.0
+        if (
+            record.get("status") in ("queued", "running")
+            and time.time() - started <= self.settings.job_timeout_s
+        ):
+            return self.get(analysis_id)
+        if not start:
+            return None
+        queued = {"status": "queued", "started": time.time(), "choice": choice.model_dump(mode="json")}
+        self.store.update_meta(analysis_id, **{key: queued})
+        job = AnalysisJob.model_validate(meta["request"])
+        # the job names the analysis; the worker writes every choice queued in its record
+        self.queue.enqueue(EXPORT_FUNCTION, job.model_dump(mode="json"), analysis_id)
         return self.get(analysis_id)
+
+    def _check_export(self, analysis_id: str, choice: ExportChoice) -> None:
+        """422 for a tensor selection that selects nothing, or a file larger than the exports budget."""
+        _, summary = self.summary(analysis_id)
+        numel = {tensor["name"]: int(tensor["numel"]) for tensor in summary.get("tensors") or []}
+        kept = check_selects_something(choice, numel)
+        size = sum(numel[name] for name in kept) * len(choice.stats) * BYTES_PER_VALUE[choice.dtype]
+        budget = self.settings.exports_budget_bytes
+        if size > budget:
+            raise RequestError(
+                f"this file would hold {size / 1e9:.2f} GB, over the exports budget of {budget / 1e9:.2f} GB "
+                "(FISHERSCOPE_EXPORTS_BUDGET_BYTES); ask for fewer stats, some tensors, or float16",
+                field="stats",
+            )
 
 
 def queued_meta(job: AnalysisJob, estimate: CostEstimate | None) -> dict:
@@ -351,6 +388,11 @@ def queued_meta(job: AnalysisJob, estimate: CostEstimate | None) -> dict:
         "cost": None if estimate is None else estimate.model_dump(),
         "created": time.time(),
     }
+
+
+def export_key(choice: ExportChoice) -> str:
+    """The field of an analysis's record that tracks one choice's file: queued, running, done, failed."""
+    return EXPORT_FIELD_PREFIX + choice.slug()
 
 
 def _check_stat(stat: str) -> None:

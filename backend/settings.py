@@ -113,9 +113,10 @@ class Settings(BaseSettings):
         parse_many(rate_limit)  # ValueError naming the bad part
         return rate_limit
 
-    def export_path(self, analysis_id: str) -> Path:
-        """Where the safetensors file of an analysis is written (by a worker) and read (by the API)."""
-        return self.exports_dir / f"{analysis_id}.safetensors"
+    def export_path(self, analysis_id: str, choice: str) -> Path:
+        """Where one choice (``ExportChoice.slug``) of an analysis's arrays is written (by a worker) and
+        read (by the API): one file per choice, all under the exports budget."""
+        return self.exports_dir / f"{analysis_id}-{choice}.safetensors"
 
     def levels_path(self, analysis_id: str) -> Path:
         """The analysis's top-q Fisher sets, one byte per coordinate (workers.fisher.masks), for compares."""

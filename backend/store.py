@@ -25,6 +25,9 @@ from backend.fastjson import dumps, loads
 # A running job refreshes its lease this often; a lease older than LEASE_TTL_S means the worker died.
 LEASE_REFRESH_S = 2.0
 LEASE_TTL_S = 10.0
+# Recent-item lists (the studies people find again) keep this many ids; older ones drop off the end.
+RECENT_LIMIT = 50
+RECENT_STUDIES = "studies"
 WORKER_DIED = (
     "the worker stopped (crashed, was killed or lost its connection) while running this analysis; "
     "POST the same request again to retry"
@@ -158,6 +161,14 @@ class Store(ABC):
     @abstractmethod
     def get_summary_json(self, analysis_id: str) -> bytes | None: ...
 
+    @abstractmethod
+    def remember_recent(self, index: str, item_id: str, limit: int = RECENT_LIMIT) -> None:
+        """Put ``item_id`` first in the bounded list ``index`` (once: an id already there moves up)."""
+
+    @abstractmethod
+    def recent(self, index: str, limit: int = RECENT_LIMIT) -> list[str]:
+        """The ids of ``index``, most recently remembered first; some may name records since expired."""
+
 
 class RedisStore(Store):
     """Redis keys `fs:meta:<id>` (JSON), `fs:summary:<id>` (JSON), `fs:pooled:<id>` (hash of bytes)."""
@@ -242,6 +253,18 @@ class RedisStore(Store):
 
     def lease_alive(self, analysis_id: str) -> bool:
         return bool(self.redis.exists(self._key("lease", analysis_id)))
+
+    def remember_recent(self, index: str, item_id: str, limit: int = RECENT_LIMIT) -> None:
+        key = f"{self.prefix}:recent:{index}"
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lrem(key, 0, item_id)
+        pipe.lpush(key, item_id)
+        pipe.ltrim(key, 0, limit - 1)
+        pipe.execute()
+
+    def recent(self, index: str, limit: int = RECENT_LIMIT) -> list[str]:
+        raw = self.redis.lrange(f"{self.prefix}:recent:{index}", 0, limit - 1)
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in raw]
 
     def count(self, counter: str) -> int:
         return int(self.redis.incr(f"{self.prefix}:count:{counter}"))
@@ -376,6 +399,29 @@ class LocalStore(Store):
         with self._lock:
             touched = self._leases.get(analysis_id)
         return touched is not None and time.monotonic() - touched < LEASE_TTL_S
+
+    def _recent_path(self, index: str) -> Path:
+        if not index.isalnum():
+            raise KeyError(index)
+        return self.folder / f"recent-{index}.json"  # never an analysis folder: those are hex ids
+
+    def remember_recent(self, index: str, item_id: str, limit: int = RECENT_LIMIT) -> None:
+        path = self._recent_path(index)
+        with self._lock:
+            ids = [item_id, *(other for other in self.recent(index, limit) if other != item_id)][:limit]
+            self.folder.mkdir(parents=True, exist_ok=True)
+            staging = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}")
+            staging.write_text(json.dumps(ids))
+            staging.replace(path)  # a restart finds the list whole, never half-written
+
+    def recent(self, index: str, limit: int = RECENT_LIMIT) -> list[str]:
+        path = self._recent_path(index)
+        with self._lock:
+            try:
+                ids = json.loads(path.read_text())
+            except (FileNotFoundError, ValueError):
+                return []
+        return [str(item) for item in ids if isinstance(item, str)][:limit]
 
     def count(self, counter: str) -> int:
         with self._lock:

@@ -19,13 +19,14 @@ from backend.queue import STUDY_PART_FUNCTION, STUDY_PART_RETRIES
 from backend.rewards import RewardKind, RewardRule
 from backend.schemas import JobStatus, PooledView
 from backend.service import AnalysisService, ServiceError
-from backend.store import WORKER_DIED
+from backend.store import RECENT_STUDIES, WORKER_DIED
 from backend.study_cost import StudyShape, cheaper_study_methods, estimate_study_cost
 from backend.study_schemas import (
     StudyCost,
     StudyCreate,
     StudyJob,
     StudyJobPrompt,
+    StudyListItem,
     StudyMaskComparison,
     StudyMaskView,
     StudyPartPublic,
@@ -150,6 +151,10 @@ class StudyService:
         if meta is None or meta["status"] == JobStatus.failed:  # new, or its reduction failed
             queued = {
                 "kind": STUDY_KIND,
+                # the name is a label, not part of the id: the first one given stays
+                "name": (meta or {}).get("name") or create.name,
+                # the texts as written (the job keeps token ids): what a page shows and links to
+                "prompt_texts": [item.prompt for item in create.prompts],
                 "status": JobStatus.queued.value,
                 "progress": 0.0,
                 "stage": None,
@@ -162,6 +167,7 @@ class StudyService:
                 self._enqueue_parts(study_id, job)
         elif meta["status"] != JobStatus.done:
             self._enqueue_parts(study_id, job)  # only parts that failed are queued again
+        self.store.remember_recent(RECENT_STUDIES, study_id)  # asked again: first in the list again
         public = self.get(study_id)
         return public, 200 if public.status == JobStatus.done else 202
 
@@ -211,9 +217,31 @@ class StudyService:
             raise ServiceError(404, f"no study with id {study_id!r}; POST /api/v1/studies first")
         return meta
 
-    def get(self, study_id: str) -> StudyPublic:
-        meta = self._meta(study_id)
-        job = StudyJob.model_validate(meta["request"])
+    def recent(self, limit: int) -> list[StudyListItem]:
+        """The studies last POSTed, newest first (those whose records expired are left out)."""
+        items = []
+        for study_id in self.store.recent(RECENT_STUDIES, limit):
+            meta = self.store.checked_meta(study_id)
+            if meta is None or meta.get("kind") != STUDY_KIND:
+                continue
+            job = StudyJob.model_validate(meta["request"])
+            status = JobStatus(meta["status"])
+            if status not in (JobStatus.done, JobStatus.failed):  # only the parts know
+                status = _study_status(meta, self._parts(study_id, meta, job))[0]
+            items.append(
+                StudyListItem(
+                    id=study_id,
+                    name=meta.get("name"),
+                    model=job.model,
+                    status=status,
+                    created=meta.get("created"),
+                    prompts=len(job.prompts),
+                )
+            )
+        return items
+
+    def _parts(self, study_id: str, meta: dict, job: StudyJob) -> list[StudyPartPublic]:
+        """Each prompt's part as its own record says (a part whose worker died is queued again)."""
         parts = []
         for index in range(len(job.prompts)):
             part = self.store.checked_meta(part_id(study_id, index)) or {"status": JobStatus.queued.value}
@@ -229,6 +257,12 @@ class StudyService:
                     permanent=bool(part.get("permanent")),
                 )
             )
+        return parts
+
+    def get(self, study_id: str) -> StudyPublic:
+        meta = self._meta(study_id)
+        job = StudyJob.model_validate(meta["request"])
+        parts = self._parts(study_id, meta, job)
         status, error = _study_status(meta, parts)
         summary = None
         if status == JobStatus.done:
@@ -240,6 +274,9 @@ class StudyService:
         progress = 1.0 if status == JobStatus.done else sum(p.progress for p in parts) / max(len(parts), 1)
         return StudyPublic(
             id=study_id,
+            name=meta.get("name"),
+            created=meta.get("created"),
+            prompt_texts=meta.get("prompt_texts"),
             status=status,
             progress=min(progress, 1.0),
             parts=parts,

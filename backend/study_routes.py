@@ -9,8 +9,15 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 
 from backend.routes import COMPUTE, ERRORS
+from backend.store import RECENT_LIMIT
 from backend.studies import StudyService
-from backend.study_schemas import StudyCreate, StudyMaskComparison, StudyMaskView, StudyPublic
+from backend.study_schemas import (
+    StudyCreate,
+    StudyListItem,
+    StudyMaskComparison,
+    StudyMaskView,
+    StudyPublic,
+)
 
 
 def get_studies(request: Request) -> StudyService:
@@ -37,6 +44,14 @@ def create_study(create: StudyCreate, service: Studies) -> Response:
     """Queue a study, one job per prompt over every running worker (202), or answer it from the cache."""
     public, status = service.submit(create)
     return JSONResponse(public.model_dump(mode="json"), status_code=status)
+
+
+@studies.get("/studies", response_model=list[StudyListItem])
+def list_studies(
+    service: Studies, limit: Annotated[int, Query(ge=1, le=RECENT_LIMIT)] = RECENT_LIMIT
+) -> list[StudyListItem]:
+    """The studies last POSTed on this server, newest first (a study POSTed again moves up)."""
+    return service.recent(limit)
 
 
 @studies.get("/studies/compare", response_model=StudyMaskComparison)

@@ -45,6 +45,13 @@ class StudyCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=120,
+        description="a label to find the study again (GET /api/v1/studies); not part of its id: the "
+        "same study POSTed again keeps the name it was first given",
+    )
     model: str = Field(..., min_length=1, max_length=128)
     prompts: list[StudyPrompt] = Field(..., min_length=1, max_length=256)
     samples: int = Field(default=2, ge=1, le=64, description="K responses per prompt")
@@ -65,6 +72,16 @@ class StudyCreate(BaseModel):
     def _method_is_known(cls, method: str) -> str:
         parse_method(method)
         return method
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_one_line(cls, name: str | None) -> str | None:
+        if name is None:
+            return None
+        name = name.strip()
+        if not name or not name.isprintable():
+            raise ValueError("a name is one line of printable text; leave it out for none")
+        return name
 
     @field_validator("q")
     @classmethod
@@ -132,6 +149,9 @@ class StudyPublic(BaseModel):
     """GET /api/v1/studies/{id} and the answers of POST."""
 
     id: str
+    name: str | None = Field(None, description="the label the study was first POSTed with")
+    created: float | None = Field(None, description="when it was first queued (seconds since the epoch)")
+    prompt_texts: list[str] | None = Field(None, description="the prompts as they were POSTed, in order")
     status: JobStatus
     progress: float = Field(0.0, ge=0.0, le=1.0, description="mean of the parts' progress")
     parts: list[StudyPartPublic] = Field(default_factory=list, description="one per prompt")
@@ -139,6 +159,17 @@ class StudyPublic(BaseModel):
     cost: StudyCost | None = None
     error: str | None = None
     summary: dict[str, Any] | None = Field(default=None, description="the study summary when done")
+
+
+class StudyListItem(BaseModel):
+    """One line of GET /api/v1/studies: enough to recognise a study and open it."""
+
+    id: str
+    name: str | None
+    model: str
+    status: JobStatus
+    created: float | None = Field(None, description="seconds since the epoch")
+    prompts: int = Field(..., description="how many prompts it has")
 
 
 class StudyMaskView(BaseModel):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import flask
 import httpx
@@ -121,7 +121,7 @@ class ApiClient:
         body = self.request("GET", "/tokenize", params={"model": model, "text": text}).json()
         return body["tokens"] if isinstance(body, dict) else body
 
-    def arrays_status(self, analysis_id: str) -> dict[str, Any]:
+    def arrays_status(self, analysis_id: str, choice: dict[str, str] | None = None) -> dict[str, Any]:
         """Ask for the safetensors file without downloading it: {"ready": bool, "bytes": n | None, ...}.
 
         The first ask starts the export on the worker; the API answers 202 (JSON) until the file exists,
@@ -129,7 +129,7 @@ class ApiClient:
         """
         path = API_PREFIX + f"/analyses/{quote(analysis_id, safe='')}/safetensors"
         try:
-            with self.http.stream("GET", path, headers=_forwarded_for()) as response:
+            with self.http.stream("GET", path, params=choice or {}, headers=_forwarded_for()) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise ApiError(readable_detail(response))
@@ -142,6 +142,8 @@ class ApiClient:
             raise ApiError(f"the API at {self.base_url} did not answer ({type(error).__name__})") from error
         return {"ready": False, "bytes": None, "status": body.get("status"), "stage": body.get("stage")}
 
-    def arrays_url(self, analysis_id: str) -> str:
-        """Where the browser downloads the full per-parameter arrays (safetensors; 202 JSON until written)."""
-        return f"{self.base_url}{API_PREFIX}/analyses/{quote(analysis_id, safe='')}/safetensors"
+    def arrays_url(self, analysis_id: str, choice: dict[str, str] | None = None) -> str:
+        """Where the browser downloads the chosen per-parameter arrays (safetensors; 202 JSON until
+        written); ``choice`` is the query (`stats`, `dtype`, `tensors`), so each choice is its own link."""
+        query = f"?{urlencode(choice)}" if choice else ""
+        return f"{self.base_url}{API_PREFIX}/analyses/{quote(analysis_id, safe='')}/safetensors{query}"

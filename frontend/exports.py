@@ -9,7 +9,43 @@ from __future__ import annotations
 
 from typing import Any
 
+from dash import dcc, html
+
+from backend.schemas import DEFAULT_EXPORT_STATS, ExportDtype
+from backend.vocabulary import STATS
 from frontend.plots import Summary
+
+ARRAYS_STATS_ID = "arrays-stats"
+ARRAYS_DTYPE_ID = "arrays-dtype"
+
+
+def arrays_choice() -> html.Div:
+    """The statistics and precision of the safetensors download, shown beside "Prepare full arrays"."""
+    return html.Div(
+        className="arrays-choice",
+        children=[
+            dcc.Checklist(
+                id=ARRAYS_STATS_ID, options=list(STATS), value=list(DEFAULT_EXPORT_STATS), inline=True
+            ),
+            dcc.RadioItems(
+                id=ARRAYS_DTYPE_ID,
+                options=[
+                    {"label": "float16 (half the size, ~3 digits)", "value": ExportDtype.float16.value},
+                    {"label": "float32 (as computed)", "value": ExportDtype.float32.value},
+                ],
+                value=ExportDtype.float16.value,
+                inline=True,
+            ),
+        ],
+    )
+
+
+def arrays_query(stats: list[str] | None, dtype: str | None) -> dict[str, str]:
+    """The download's query for the chosen statistics (in STATS order) and dtype; unset = the API's
+    defaults (fisher and mean_shift in float16)."""
+    chosen = [stat for stat in STATS if stat in (stats if stats is not None else DEFAULT_EXPORT_STATS)]
+    return {"stats": ",".join(chosen), "dtype": dtype or ExportDtype.float16.value}
+
 
 CSV_FILENAME = "fisherscope_tensor_totals.csv"
 

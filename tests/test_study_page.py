@@ -373,3 +373,60 @@ def test_long_studies_list_their_first_responses_and_spell_out_control_character
         == f"the first {MAX_RESPONSES} of {MAX_RESPONSES + 1} responses; all are in the API's summary"
     )
     assert visible("a\nb\tc\x14\u200b\ufffd") == "a⏎b⇥c\\x14\\u200b\ufffd"
+
+
+def test_the_study_links_to_its_prompts_in_the_dashboard() -> None:
+    from frontend.state import parse_query as parse_dashboard_query
+    from frontend.studies.links import dashboard_link
+
+    request = {
+        "model": MODEL,
+        "method": "exact",
+        "sampler": {"kind": "model", "temperature": 0.7, "top_k": 8},
+    }
+    link = dashboard_link(request, "She drank a cup of")
+    assert link is not None and link.startswith("/?")
+    state, errors = parse_dashboard_query(link[1:])
+    assert errors == [] and (state.model, state.prefix, state.temperature, state.top_k) == (
+        MODEL,
+        "She drank a cup of",
+        0.7,
+        8,
+    )
+    assert dashboard_link(request, None) is None
+    body, _ = request_body({**DEFAULTS, "name": "  capitals  "})
+    assert body is not None and body["name"] == "capitals"
+    assert "name" not in (request_body(DEFAULTS)[0] or {})
+
+
+def test_recent_studies_open_from_the_list_and_link_their_prompts(service: Service, browser) -> None:
+    """Studies POSTed over the API show in the page's list with name and status; a click opens one,
+    whose prompts link to their analyses in the dashboard (the dashboard's own URL)."""
+    from frontend.state import DashboardState
+    from frontend.state import to_query as dashboard_query
+
+    body = {"model": MODEL, "prompts": [{"prompt": "The sky is"}], "samples": 1, "max_tokens": 2}
+    named = service.api.post("/studies", json={**body, "name": "sky study"}).json()
+    other = service.api.post("/studies", json={**body, "prompts": [{"prompt": "Grass is"}]}).json()
+    deadline = time.monotonic() + 120
+    while any(service.api.get(f"/studies/{s['id']}").json()["status"] != "done" for s in (named, other)):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    context, page, watch = watched_page(browser)
+    page.goto(f"{service.url}/studies/")
+    page.wait_for_selector(".recent-study >> text=sky study")
+    lines = page.locator(".recent-study").all_inner_texts()
+    assert lines[0].startswith(other["id"][:12]) and "done" in lines[0]
+    assert any(line.startswith("sky study") and "done" in line for line in lines)
+    page.click(".recent-study-link >> text=sky study")
+    page.wait_for_selector("#total-fisher", timeout=30_000)
+    assert study_id_of(page.url) == named["id"]
+    link = page.get_attribute("#prompts-table .prompt-link", "href")
+    sampler = named["request"]["sampler"]
+    expected = DashboardState(
+        model=MODEL, prefix="The sky is", top_k=sampler["top_k"], temperature=sampler["temperature"]
+    )
+    assert link == "/" + dashboard_query(expected)
+    page.screenshot(path=SCREENSHOTS / "study-recent-list.png", full_page=True)
+    watch.check()
+    context.close()

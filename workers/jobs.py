@@ -12,18 +12,20 @@ import contextlib
 import math
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from backend.cost import estimate_cost
 from backend.disk import evict_to_budget
-from backend.schemas import AnalysisJob
-from backend.service import queued_meta
+from backend.schemas import AnalysisJob, ExportChoice
+from backend.service import EXPORT_FIELD_PREFIX, queued_meta
 from backend.settings import Settings, get_settings
 from backend.store import RedisStore, Store
 from backend.vocabulary import EngineKind
 from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
+from workers.exports import Float16Overflow, write_export
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.masks import top_q_levels
 from workers.fisher.methods import Method
@@ -218,22 +220,69 @@ def execute_analysis(
 
 def execute_export(
     job: AnalysisJob, store: Store, settings: Settings, pool: ModelPool | None = None
-) -> Path | None:
-    """Recompute the analysis and write every per-parameter array to `<exports_dir>/<id>.safetensors`."""
+) -> list[Path]:
+    """Recompute the analysis once and write every download choice queued in its record
+    (``backend.service.AnalysisService.export``), each to its own file; the files written."""
     analysis_id = job.key()
-    target = settings.export_path(analysis_id)
+    meta = store.get_meta(analysis_id) or {}
+    queued = {
+        key: ExportChoice.model_validate(record["choice"])
+        for key, record in meta.items()
+        if key.startswith(EXPORT_FIELD_PREFIX)
+        and isinstance(record, dict)
+        and record.get("status") == "queued"
+    }
+    if not queued:  # another job took them (one job is queued per choice, the first writes them all)
+        return []
+    for key, choice in queued.items():
+        store.update_meta(analysis_id, **{key: _export_record(choice, "running")})
     try:
         analysis = analyze_job(load_for(job, pool or model_pool()), job, settings)
+    except Exception as error:
+        for key, choice in queued.items():
+            store.update_meta(analysis_id, **{key: _export_record(choice, "failed", _reason(error))})
+        return []
+    return [
+        path
+        for key, choice in queued.items()
+        if (path := _write_choice(analysis, job, choice, key, store, settings))
+    ]
+
+
+def _write_choice(
+    analysis: Analysis, job: AnalysisJob, choice: ExportChoice, key: str, store: Store, settings: Settings
+) -> Path | None:
+    analysis_id = job.key()
+    target = settings.export_path(analysis_id, choice.slug())
+    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}.part")
-        analysis.save(partial, metadata={"job": job.canonical_json()})
+        request = analysis.request
+        sums = analysis.sequence.sums
+        write_export(sums, request.input_ids, request.continuation_ids, choice, partial, job.canonical_json())
         partial.replace(target)
         evict_to_budget(settings.exports_dir, settings.exports_budget_bytes, keep=target)
-        store.update_meta(analysis_id, export_status="done", export_error=None)
-        return target
-    except Exception as error:
-        store.update_meta(analysis_id, export_status="failed", export_error=_reason(error))
+    except Float16Overflow as error:  # permanent: the API answers it as a 422 asking for float32
+        store.update_meta(analysis_id, **{key: _export_record(choice, "failed", str(error), overflow=True)})
         return None
+    except Exception as error:
+        partial.unlink(missing_ok=True)
+        store.update_meta(analysis_id, **{key: _export_record(choice, "failed", _reason(error))})
+        return None
+    store.update_meta(analysis_id, **{key: _export_record(choice, "done")})
+    return target
+
+
+def _export_record(
+    choice: ExportChoice, status: str, error: str | None = None, overflow: bool = False
+) -> dict:
+    record = {
+        "status": status,
+        "started": time.time(),
+        "choice": choice.model_dump(mode="json"),
+        "error": error,
+    }
+    return {**record, "overflow": True} if overflow else record
 
 
 def _reason(error: BaseException) -> str:

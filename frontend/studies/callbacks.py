@@ -19,6 +19,7 @@ from frontend.api_client import ApiError
 from frontend.studies.client import StudyClient, is_settled, status_of
 from frontend.studies.form import DEFAULTS, FIELD_IDS, parse_query, request_body, study_id_in, to_query
 from frontend.studies.panels import progress_panel
+from frontend.studies.recent import register_recent
 
 FIELD_INPUTS = [Input(key, "value") for key in FIELD_IDS]
 FIELD_STATES = [State(key, "value") for key in FIELD_IDS]
@@ -29,6 +30,7 @@ def register(app: dash.Dash, client: StudyClient) -> None:
     register_submit(app, client)
     register_tracking(app, client)
     register_url(app)
+    register_recent(app, client)
 
 
 def message_block(errors: list[str]) -> list[Any]:

@@ -41,6 +41,10 @@ class StudyClient:
         self._keep(study)
         return study
 
+    def recent(self) -> list[dict[str, Any]]:
+        """The studies last POSTed on the server, newest first: id, name, model, status, created, prompts."""
+        return self.api.request("GET", "/studies").json()
+
     def study(self, study_id: str) -> dict[str, Any]:
         """GET a study: status, parts, and when done its summary (from here when read before)."""
         with self._lock:
@@ -83,6 +87,8 @@ class StudyClient:
         The API keeps a study's prompts as token ids; the form's text is shown beside them only where
         it tokenizes to those ids, so an edited form never labels another study's responses.
         """
+        if study.get("prompt_texts"):  # kept with the study: right whatever the form says now
+            return list(study["prompt_texts"])
         model = study["request"]["model"]
         texts: list[str | None] = []
         for index, prompt in enumerate(study["request"]["prompts"]):

@@ -52,6 +52,7 @@ class Field:
 
 
 FIELDS: tuple[Field, ...] = (
+    Field("name", ""),
     Field("model", "smollm2-135m"),
     Field("prompts", DEFAULT_PROMPTS),
     Field("samples", 2, int, valid=lambda v: 1 <= v <= 64, expected="an integer from 1 to 64"),
@@ -233,7 +234,9 @@ def request_body(values: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list
         "top_p": float(numbers["top_p"]),
         "engine": values.get("engine") or "model",
     }
+    name = (values.get("name") or "").strip()
     body = {
+        **({"name": name} if name else {}),  # a label to find it again; not part of the study's id
         "model": values.get("model"),
         "prompts": [{"prompt": p.prompt, **({"target": p.target} if p.target else {})} for p in prompts],
         "samples": int(numbers["samples"]),

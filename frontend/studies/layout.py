@@ -15,6 +15,7 @@ from frontend.studies.tables import DEFAULT_SORT
 
 GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 POLL_MS = 700
+RECENT_POLL_MS = 5000  # the recent-studies list: statuses change over seconds, not frames
 HEATMAP_NOTE = (
     "Inside one parameter: the share of each block's coordinates that the mask holds (rows are outputs, "
     "columns inputs; a vector is one row). A random mask would colour every block q."
@@ -71,6 +72,13 @@ def page() -> html.Div:
 def form() -> html.Div:
     return html.Div(
         [
+            labelled(
+                "Name",
+                dcc.Input(
+                    id="name", type="text", value=DEFAULTS["name"], className="text-input", maxLength=120
+                ),
+                "optional: a label to find the study again in the list below",
+            ),
             labelled(
                 "Model",
                 dcc.Dropdown(
@@ -131,6 +139,9 @@ def form() -> html.Div:
                 "the top q of all parameters by F; 1 = the top 1% (the paper's 1% is always computed)",
             ),
             html.Button("Run", id="run", n_clicks=0, className="run-button"),
+            html.H3("Recent studies"),
+            html.Div(id="recent-studies", className="recent-studies"),
+            dcc.Interval(id="recent-poll", interval=RECENT_POLL_MS),
         ],
         className="controls",
     )

@@ -24,6 +24,7 @@ from frontend.studies.figures import (
     response_fisher_figure,
 )
 from frontend.studies.form import parse_prompts, percent, study_id_in
+from frontend.studies.links import dashboard_link
 from frontend.studies.panels import overview, paper_panel
 from frontend.studies.tables import (
     DEFAULT_SORT,
@@ -115,7 +116,10 @@ def register_study(app: dash.Dash, client: StudyClient) -> None:
             SHOWN,
             overview(study, client.masks_url(study["id"])),
             response_fisher_figure(summary["responses"][:MAX_RESPONSES], rewarded),
-            [prompts_table(summary, texts), html.Div(PROMPTS_NOTE, className="control-hint")],
+            [
+                prompts_table(summary, texts, [dashboard_link(study["request"], text) for text in texts]),
+                html.Div(PROMPTS_NOTE, className="control-hint"),
+            ],
             responses_table(summary, texts),
             estimator_overlap_figure(summary["estimators"]),
             estimator_notes(summary["estimators"]),

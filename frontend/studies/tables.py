@@ -67,16 +67,21 @@ def table(
     )
 
 
-def prompt_cell(index: int, texts: Sequence[str | None]) -> html.Td:
+def prompt_cell(index: int, texts: Sequence[str | None], links: Sequence[str | None] = ()) -> html.Td:
     text = texts[index] if index < len(texts) else None
+    link = links[index] if index < len(links) else None
+    opens = [html.A("open in dashboard", href=link, className="prompt-link", target="_blank")] if link else []
     return html.Td(
-        [html.Span(f"P{index + 1}", className="prompt-number"), f" {text}" if text else ""],
+        [html.Span(f"P{index + 1}", className="prompt-number"), f" {text} " if text else "", *opens],
         className="prompt-cell",
     )
 
 
-def prompts_table(summary: dict[str, Any], texts: Sequence[str | None]) -> html.Table:
-    """Per prompt: its target, tokens, rewards, its responses' Fisher, and F under model and uniform."""
+def prompts_table(
+    summary: dict[str, Any], texts: Sequence[str | None], links: Sequence[str | None] = ()
+) -> html.Table:
+    """Per prompt: its target, tokens, rewards, its responses' Fisher, and F under model and uniform;
+    ``links`` open each prompt's own analysis in the dashboard."""
     rows = []
     for p in summary["prompts"]:
         compared = p.get("compared") or {}
@@ -84,7 +89,7 @@ def prompts_table(summary: dict[str, Any], texts: Sequence[str | None]) -> html.
         rewards = p.get("rewards")
         rows.append(
             [
-                prompt_cell(p["prompt_index"], texts),
+                prompt_cell(p["prompt_index"], texts, links),
                 html.Td(html.Span(visible(p["target"]), className="text") if p.get("target") else "—"),
                 html.Td(p["n_tokens"], className="n"),
                 html.Td("—" if rewards is None else ", ".join(f"{r:g}" for r in rewards), className="n"),

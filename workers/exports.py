@@ -1,0 +1,79 @@
+"""One download's safetensors file: the chosen statistics of the chosen parameters, in the chosen dtype.
+
+Why apart from ``Analysis.save`` (the CLI's file of everything in float32): a notebook wants one or two
+statistics, and the file says in its metadata what it holds and what float16 did to the values, so
+nobody reads a rounded or flushed value as the engine's. A float16 file whose values would overflow to
+inf is never written (``Float16Overflow``); values below float16's smallest subnormal become 0 and the
+metadata counts them per statistic.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from backend.export_choice import FLOAT16_MAX, overflow_detail
+from backend.schemas import ExportChoice, ExportDtype
+from workers.fisher.stats import MomentSums
+
+FLOAT16_NOTE = (
+    "float16 keeps 11 significant bits (relative rounding error at most 2^-11 = 4.9e-4 for magnitudes "
+    "from 6.1e-5 to 65504); smaller magnitudes lose bits and those below 6.0e-8 are written as 0 "
+    "(counted in flushed_to_zero); ask for dtype=float32 for the engine's values"
+)
+FLOAT32_NOTE = "float32: the engine's sums as computed"
+
+
+class Float16Overflow(ValueError):
+    """A statistic whose magnitude exceeds float16's range: the file would hold inf."""
+
+
+def export_tensors(sums: MomentSums, choice: ExportChoice) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """``<stat>/<param>`` -> array in the chosen dtype, and per stat the nonzero values float16 made 0."""
+    dtype = torch.float16 if choice.dtype == ExportDtype.float16 else torch.float32
+    tensors: dict[str, torch.Tensor] = {}
+    flushed: dict[str, int] = {}
+    for stat in choice.stats:
+        flushed[stat] = 0
+        for name, value in sums.iter_stat(stat):
+            if not choice.selects(name):
+                continue
+            exact = value.float()
+            if dtype == torch.float16:
+                peak = float(exact.abs().max()) if exact.numel() else 0.0
+                if peak > FLOAT16_MAX:
+                    raise Float16Overflow(overflow_detail(stat, peak))
+            written = exact.to(dtype).contiguous().cpu()  # a copy: stats sharing storage stay apart
+            if dtype == torch.float16:
+                flushed[stat] += int(((written == 0) & (exact.cpu() != 0)).sum())
+            tensors[f"{stat}/{name}"] = written.clone() if written.data_ptr() == value.data_ptr() else written
+    return tensors, flushed
+
+
+def write_export(
+    sums: MomentSums,
+    input_ids: list[int],
+    continuation_ids: list[int],
+    choice: ExportChoice,
+    path: Path,
+    job: str,
+) -> None:
+    """Write the choice's file at ``path``; its metadata states the stats, dtype, selection and rounding."""
+    tensors, flushed = export_tensors(sums, choice)
+    tensors["input_ids"] = torch.tensor(input_ids, dtype=torch.int64)
+    if continuation_ids:
+        tensors["continuation_ids"] = torch.tensor(continuation_ids, dtype=torch.int64)
+    metadata = {
+        "job": job,
+        "stats": ",".join(choice.stats),
+        "dtype": choice.dtype.value,
+        "tensors": "all" if choice.tensors is None else ",".join(choice.tensors),
+        "rounding": FLOAT16_NOTE if choice.dtype == ExportDtype.float16 else FLOAT32_NOTE,
+        "keys": "<stat>/<parameter name>, plus input_ids and continuation_ids (int64)",
+    }
+    if choice.dtype == ExportDtype.float16:
+        metadata["flushed_to_zero"] = json.dumps(flushed)
+    save_file(tensors, str(path), metadata=metadata)
