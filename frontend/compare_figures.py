@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from backend.vocabulary import MODULE_KINDS
+from frontend.numbers import percent
 from frontend.plots import (
     LAYOUT,
     LOG_TICKS,
@@ -25,7 +26,6 @@ from frontend.plots import (
     token_label,
     unique_token_labels,
 )
-from frontend.slides.common import pct
 
 TOP_TOKENS = 12
 A_COLOR, B_COLOR = "#1f77b4", "#ff7f0e"
@@ -132,7 +132,7 @@ def sets_figure(sets: dict[str, Any]) -> go.Figure:
                 y=sets[key],
                 name=name,
                 marker_color=color,
-                texttemplate="%{y:.1%}",
+                text=[percent(value) for value in sets[key]],  # a positive overlap never reads 0%
                 textposition="outside",
             )
         )
@@ -263,7 +263,7 @@ def reading(compare: dict[str, Any], labels: tuple[str, str]) -> str:
     ratio = f" ({total_b / total_a:.3g}× A's)" if total_a > 0 else ""
     return (
         f"{labels[0]} against {labels[1]}. The top {100 * sets['q'][k]:g}% of coordinates by centered Fisher "
-        f"overlap by {pct(sets['overlap'][k])} (chance {pct(sets['chance_overlap'][k])}), Jaccard "
-        f"{pct(sets['jaccard'][k])} (chance {pct(sets['chance_jaccard'][k])}). Total Fisher: A "
+        f"overlap by {percent(sets['overlap'][k])} (chance {percent(sets['chance_overlap'][k])}), Jaccard "
+        f"{percent(sets['jaccard'][k])} (chance {percent(sets['chance_jaccard'][k])}). Total Fisher: A "
         f"{total_a:.3g}, B {total_b:.3g}{ratio}."
     )

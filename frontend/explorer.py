@@ -13,6 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from frontend.numbers import percent
 from frontend.plots import (
     LAYOUT,
     LOG_TICKS,
@@ -26,9 +27,11 @@ from frontend.plots import (
     response_labels,
     small_title,
     stat_for_centering,
+    token_label,
     unique_token_labels,
 )
 
+ROW_LABELS = 12  # token-named rows on a vocabulary heatmap's axis: more would overlap at 420 px
 # The per-position totals of each statistic; the raw second moment is not kept per position.
 RESPONSE_SERIES = {"fisher": "fisher_total", "uncentered": "uncentered_total", "raw": "uncentered_total"}
 
@@ -203,12 +206,19 @@ def layer_mass(summary: Summary, centering: str) -> go.Figure:
         "layer",
         f"{STAT_LABEL[stat]} per layer (click a bar to open its matrices)",
         bar={
-            "customdata": [[str(row["layer"]), row["totals"][stat] / total] for row in layers],
-            "hovertemplate": "%{x}: %{y:.4g} (%{customdata[1]:.1%} of the total)<br>click: open its matrices"
+            "customdata": [[str(row["layer"]), percent(row["totals"][stat] / total)] for row in layers],
+            "hovertemplate": "%{x}: %{y:.4g} (%{customdata[1]} of the total)<br>click: open its matrices"
             "<extra></extra>",
             "marker_color": "#1f77b4",
         },
-        xaxis_title="layer",
+        # every layer labelled (Plotly skips every other category label once they crowd)
+        xaxis={
+            "title": "layer",
+            "tickmode": "linear",
+            "dtick": 1,
+            "tickangle": -90,
+            "tickfont": {"size": 10},
+        },
     )
 
 
@@ -239,15 +249,36 @@ def tensors_of_layer(summary: Summary, layer: str, stat: str) -> list[str]:
     return [t["name"] for t in ordered]
 
 
-def heatmap(pooled: dict[str, Any], tensor: str, stat: str) -> go.Figure:
-    """A pooled view (block sums) of one matrix, from GET .../tensors/{name}."""
+def block_tokens(row_edges: list[int], known: dict[int, str], most: int = 3) -> list[str]:
+    """Per block of vocabulary rows, the tokens the summary knows inside it (a few, quoted)."""
+    names = []
+    for start, stop in zip(row_edges[:-1], row_edges[1:], strict=True):
+        inside = [token_label(known[row]) for row in sorted(known) if start <= row < stop]
+        more = f" +{len(inside) - most}" if len(inside) > most else ""
+        names.append(", ".join(inside[:most]) + more if inside else "")
+    return names
+
+
+def heatmap(pooled: dict[str, Any], tensor: str, stat: str, known: dict[int, str] | None = None) -> go.Figure:
+    """A pooled view (block sums) of one matrix, from GET .../tensors/{name}. `known`: token texts by id,
+    for a matrix whose rows are the vocabulary: each block's rows are then named by their tokens."""
     values = pooled["values"]
     if not any(value for row in values for value in row):
         return message_figure(f"{tensor}: the {STAT_LABEL.get(stat, stat)} is 0 in every block.")
     row_edges, col_edges = pooled["row_edges"], pooled["col_edges"]
+    rows = block_tokens(row_edges, known) if known else None
+    hover = "rows %{y}, columns from %{x}<br>%{z:.4g}<extra></extra>"
+    if rows:
+        hover = "rows from %{y} (tokens: %{customdata})<br>columns from %{x}<br>%{z:.4g}<extra></extra>"
     fig = go.Figure(
         go.Heatmap(
-            z=values, x=col_edges[:-1], y=row_edges[:-1], colorscale="Viridis", colorbar={"title": stat}
+            z=values,
+            x=col_edges[:-1],
+            y=row_edges[:-1],
+            colorscale="Viridis",
+            colorbar={"title": stat},
+            customdata=[[name or "none known"] * len(values[0]) for name in rows] if rows else None,
+            hovertemplate=hover,
         )
     )
     fig.update_layout(
@@ -259,4 +290,15 @@ def heatmap(pooled: dict[str, Any], tensor: str, stat: str) -> go.Figure:
     )
     if pooled["shape"][0] == 1:  # a vector (norm weight): one row of blocks, no row axis to read
         fig.update_layout(yaxis_showticklabels=False, yaxis_title="vector", height=260)
+    if rows and any(rows):  # a row axis of the vocabulary: label the heaviest blocks holding known tokens
+        named = [i for i, name in enumerate(rows) if name]
+        heaviest = sorted(sorted(named, key=lambda i: -sum(values[i]))[:ROW_LABELS])
+        labelled = [(row_edges[i], rows[i].split(", ")[0]) for i in heaviest]
+        fig.update_yaxes(
+            title_text="row (output token)",
+            tickmode="array",
+            tickvals=[edge for edge, _ in labelled],
+            ticktext=[name for _, name in labelled],
+            tickfont={"size": 10},
+        )
     return fig

@@ -3,8 +3,10 @@
 A handle is written when the analysis is posted and rewritten by each poll: which request it answers
 (`request`, the id that was posted or opened), the analysis that answers it (`id`: a sampled response's
 request follows, once drawn, to the analysis of the concrete response), its status, progress and
-stage, the kept share of a partial result, and the error of a failed one. Its size does not depend on
-the analysis, so no callback body grows with a long response. Pure functions, tested without a browser.
+stage, the kept share of a partial result, the error of a failed one, and the query of the controls
+that asked for it (`query`: what the analysis is, for the banner and the share link, which must
+describe what is drawn rather than what the controls now say). Its size does not depend on the
+analysis, so no callback body grows with a long response. Pure functions, tested without a browser.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ DONE, FAILED, RUNNING = "done", "failed", "running"
 
 
 def handle_from(
-    body: dict[str, Any], request_id: str, cached: bool = False, sample: dict[str, int] | None = None
+    body: dict[str, Any],
+    request_id: str,
+    cached: bool = False,
+    sample: dict[str, int] | None = None,
+    query: str | None = None,
 ) -> Handle:
     """The handle for one answer of the API (POST or GET: `AnalysisPublic`) to the request `request_id`.
 
     `cached`: the answer came straight from the POST, nothing computed; `sample`: the seed and length
-    the response was drawn with (the concrete analysis's own request no longer says).
+    the response was drawn with (the concrete analysis's own request no longer says); `query`: the
+    controls that asked for it, as a URL query (`frontend.state.to_query`).
     """
     status = body.get("status")
     partial = body.get("partial") if status == RUNNING else None
@@ -45,6 +52,22 @@ def handle_from(
         "kept_share": kept_share,
         "error": (body.get("error") or "no reason given") if status == FAILED else None,
         "sample": sample,
+        "query": query,
+    }
+
+
+def refused(error: str, query: str | None = None) -> Handle:
+    """The handle of a request the API refused before any analysis existed: failed, with no id."""
+    return {
+        "request": None,
+        "id": None,
+        "status": FAILED,
+        "progress": 0.0,
+        "stage": "failed",
+        "kept_share": None,
+        "error": error,
+        "sample": None,
+        "query": query,
     }
 
 
@@ -53,10 +76,18 @@ def view_of(handle: Handle | None) -> View | None:
     if not handle:
         return None
     if handle.get("status") == DONE:
-        return {"id": handle["id"], "kept_share": None}
+        return {"id": handle["id"], "kept_share": None, "query": handle.get("query")}
     if handle.get("kept_share") is not None:
-        return {"id": handle["id"], "kept_share": handle["kept_share"]}
+        return {"id": handle["id"], "kept_share": handle["kept_share"], "query": handle.get("query")}
     return None
+
+
+def is_stale(handle: Handle | None, view: View | None) -> bool:
+    """The drawing is of an earlier analysis than the one asked for: a new one is computing (nothing
+    of it drawn yet), or the last one failed. A partial result of the current one is not stale."""
+    if not handle or not view:
+        return False
+    return handle.get("status") == FAILED or handle.get("id") != view["id"]
 
 
 def is_settled(handle: Handle | None) -> bool:

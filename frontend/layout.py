@@ -1,5 +1,5 @@
-"""The dashboard's page: controls on the left, the slide in the middle, the explorer and the compare
-panel below.
+"""The dashboard's page: controls on the left, the slide in the middle, the compare panel and the
+explorer below it; one column below ~900 px (style.css).
 
 Only components and their ids live here; what they do is in `frontend.callbacks`. The stores hold ids
 and view state only (`frontend.handles`), never a summary.
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dash import dcc, html
 
 from frontend.compare_layout import compare_panel
-from frontend.components import GRAPH_CONFIG, labelled
+from frontend.components import graph, labelled
+from frontend.exports import arrays_choice
 from frontend.state import CENTERINGS, ENGINES, MAX_SAMPLE_TOKENS, SAMPLER_KINDS, DashboardState
 
 CENTERING_LABELS = {"on": "centered (Fisher)", "off": "uncentered", "raw": "raw"}
@@ -141,6 +142,7 @@ def reward_and_method(default: DashboardState) -> list:
 def slide_panel() -> html.Div:
     """The slide: navigation, title, claim, formula, figure and the sentence reading the figure."""
     return html.Div(
+        id="slide-panel",
         className="slide",
         children=[
             html.Div(
@@ -161,7 +163,7 @@ def slide_panel() -> html.Div:
             html.H2(id="slide-title"),
             html.P(id="slide-claim", className="claim"),
             dcc.Markdown(id="slide-formula", mathjax=True, className="formula"),
-            dcc.Loading(dcc.Graph(id="slide-graph", config=GRAPH_CONFIG)),
+            dcc.Loading(graph("slide-graph", WAITING)),
             html.P(id="slide-reading", className="reading"),
         ],
     )
@@ -172,6 +174,7 @@ def explorer() -> html.Div:
     coordinates and the along-the-response view: everything drawn from the summary, except the heatmap
     (pooled views come from the API)."""
     return html.Div(
+        id="explorer-panel",
         className="explorer",
         children=[
             html.H3("Explorer"),
@@ -183,10 +186,10 @@ def explorer() -> html.Div:
             html.Div(
                 className="explorer-grid",
                 children=[
-                    dcc.Graph(id="next-token-graph", config=GRAPH_CONFIG),
-                    dcc.Graph(id="spectrum-graph", config=GRAPH_CONFIG),
-                    dcc.Graph(id="layer-graph", config=GRAPH_CONFIG),
-                    dcc.Graph(id="kind-graph", config=GRAPH_CONFIG),
+                    graph("next-token-graph", WAITING),
+                    graph("spectrum-graph", WAITING),
+                    graph("layer-graph", WAITING),
+                    graph("kind-graph", WAITING),
                 ],
             ),
             labelled(
@@ -195,9 +198,9 @@ def explorer() -> html.Div:
                 "click a layer bar above (or a tensor on slide 3) to open its matrices",
             ),
             html.Div(id="heatmap-scope", className="control-hint"),
-            dcc.Loading(dcc.Graph(id="heatmap-graph", config=GRAPH_CONFIG)),
+            dcc.Loading(graph("heatmap-graph", WAITING)),
             html.H4("Along the response"),
-            dcc.Graph(id="response-graph", config=GRAPH_CONFIG),
+            graph("response-graph", WAITING),
             html.H4("Top coordinates"),
             html.Div(id="top-coordinates"),
         ],
@@ -210,6 +213,7 @@ def exports() -> html.Div:
         children=[
             html.Button("Per-tensor totals (CSV)", id="csv-button", n_clicks=0),
             dcc.Download(id="csv-download"),
+            arrays_choice(),
             html.Button("Prepare full arrays (safetensors)", id="arrays-prepare", n_clicks=0),
             html.Span(id="arrays-status", className="arrays-status"),
             html.A("Download arrays", id="arrays-link", href="", target="_blank", style={"display": "none"}),
@@ -220,6 +224,9 @@ def exports() -> html.Div:
         ],
     )
 
+
+# What every graph shows before its first drawing: a sentence, never empty axes.
+WAITING = "Computing the analysis: its figures appear here as soon as it is in."
 
 # The two analyses on the page: the main one ("A") and the compare panel's ("B").
 SIDES = ("analysis", "b-analysis")
@@ -269,7 +276,16 @@ def page() -> html.Div:
                 className="main",
                 children=[
                     controls(default),
-                    html.Div([slide_panel(), exports(), explorer(), compare_panel()], className="content"),
+                    html.Div(
+                        [
+                            html.Div(id="shown-banner", className="shown-banner", role="status"),
+                            slide_panel(),
+                            exports(),
+                            compare_panel(),
+                            explorer(),
+                        ],
+                        className="content",
+                    ),
                 ],
             ),
         ],

@@ -105,9 +105,40 @@ def layer_label(layer: Any) -> str:
     return f"L{layer}" if isinstance(layer, int) else str(layer)
 
 
+TITLE_WIDTH = 48  # characters of a small title per line: a half-width graph at 1400 px, a phone's width
+
+
 def small_title(text: str) -> dict[str, Any]:
-    """A figure title in the explorer's small font, so a long title fits above its plot."""
-    return {"text": text, "font": {"size": 13}}
+    """A figure title in the explorer's small font, broken into lines so a long title is never cut off
+    at the figure's edge (Plotly does not wrap titles); anchored at the top of the margin."""
+    return {"text": wrapped(text, TITLE_WIDTH), "font": {"size": 13}, "y": 0.985, "yanchor": "top"}
+
+
+def vocabulary(summary: Summary) -> dict[int, str]:
+    """The token texts the summary itself carries, by id: the prefix, the response, and each
+    position's top next tokens and output rows (where the largest Fisher of a vocabulary-sized tensor
+    sits: the tokens fed in and the tokens the sampler hesitates between)."""
+    tokens = summary.get("tokens") or {}
+    known: dict[int, str] = {}
+    pieces = [*(tokens.get("prefix") or []), *(tokens.get("continuation") or [])]
+    for position in summary.get("positions") or []:
+        pieces += position.get("p", {}).get("top") or []
+        pieces += (position.get("output_layer") or {}).get("rows") or []
+    for piece in pieces:
+        if "id" in piece and "text" in piece:
+            known.setdefault(int(piece["id"]), str(piece["text"]))
+    return known
+
+
+def is_vocabulary_sized(shape: list[int], summary: Summary) -> bool:
+    """A tensor whose rows are the vocabulary's tokens (the embedding, the output layer)."""
+    size = (summary.get("model") or {}).get("vocab_size")
+    return bool(size) and len(shape) >= 1 and shape[0] == size
+
+
+def row_token(row: int, known: dict[int, str]) -> str:
+    """A vocabulary row named by its token: `' coffee'`, or `token #7042` when the summary lacks it."""
+    return token_label(known[row]) if row in known else f"token #{row}"
 
 
 # what a figure says while only a partial result is in (the exact pass computes it at the end)

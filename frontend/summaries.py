@@ -21,11 +21,13 @@ from frontend.api_client import ApiClient
 VIEWS_KEPT = 96  # a few analyses' overviews, positions, pooled views and compares
 
 
-class View(TypedDict):
-    """What the browser holds of an analysis to draw: its id and, while it runs, the partial's share."""
+class View(TypedDict, total=False):
+    """What the browser holds of an analysis to draw: its id, while it runs the partial's share, and the
+    query of the controls that asked for it (None for an analysis a link opened by id)."""
 
     id: str
     kept_share: float | None
+    query: str | None
 
 
 class LruCache:

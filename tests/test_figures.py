@@ -10,12 +10,16 @@ import csv
 import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backend.vocabulary import MODULE_KINDS
-from frontend import compare_figures, explorer, exports, plots
+from frontend import compare_figures, explorer, exports, handles, numbers, plots, shown
+from frontend.callbacks import explorer as explorer_callbacks
 from frontend.slides import (
     s01_small_not_sparse,
     s02_gradient_covariance,
@@ -28,7 +32,7 @@ from frontend.slides import (
     s09_chi2,
     s10_not_a_defect,
 )
-from frontend.state import CENTERING_STAT
+from frontend.state import CENTERING_STAT, DashboardState, parse_query
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Written by the engine on SmolLM2-135M for "She drank a cup of": temperature 0.7 with reward ' tea'=1
@@ -403,7 +407,7 @@ def test_compare_scatter_counts_the_tensors_a_log_axis_cannot_hold(compared):
     with_zero = json.loads(json.dumps(compared))
     with_zero["tensors"][0]["b"]["fisher"] = 0.0
     figure = compare_figures.tensor_scatter(with_zero, "fisher", ("A", "B"))
-    assert "(1 tensors with a 0 left out)" in figure.layout.title.text
+    assert "(1 tensors with a 0 left out)" in figure.layout.title.text.replace("<br>", " ")
     assert with_zero["tensors"][0]["name"] not in {
         n for t in figure.data if t.customdata is not None for n in t.customdata
     }
@@ -524,3 +528,87 @@ def test_spectrum_marks_keep_their_labels_inside_the_plot(summary):
         figure = explorer.position_spectrum(position, 0)
         label = next(a for a in figure.layout.annotations if a.text.startswith("numerical rank"))
         assert label.xanchor == ("left" if side == "right" else "right")
+
+
+# --- shares and bounds as printed; what is shown against what the controls say ----------------------
+
+
+@given(st.floats(min_value=0, max_value=1, allow_nan=False))
+def test_a_positive_share_never_prints_as_zero_nor_a_partial_one_as_whole(share):
+    text = numbers.percent(share)
+    assert (text == "0%") == (share == 0)
+    assert (text == "100%") == (share == 1)
+
+
+@given(
+    st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    st.booleans(),
+)
+def test_a_bound_never_prints_below_the_value_it_bounds(a, b, as_percent):
+    value, bound = min(a, b), max(a, b)
+    if as_percent:
+        value, bound = value / 1e6, bound / 1e6
+    value_text, bound_text = numbers.value_and_bound(value, bound, as_percent=as_percent)
+
+    def read(text: str) -> float:
+        return float(text.strip("<>%"))
+
+    assert read(value_text) <= read(bound_text), (value, bound, value_text, bound_text)
+
+
+def test_shares_print_with_two_significant_figures():
+    assert [numbers.percent(s) for s in (0.00042, 0.031, 0.42, 0.999, 1e-9)] == [
+        "0.042%",
+        "3.1%",
+        "42%",
+        "99.9%",
+        "<0.0001%",
+    ]
+    assert numbers.value_and_bound(0.1235, 0.1236) == ("12%", "13%")
+
+
+def test_the_banner_names_what_differs_between_the_drawing_and_the_controls():
+    drawn = DashboardState(model="smollm2-135m", prefix="She drank a cup of")
+    edited = replace(drawn, model="tiny-random", centering="off", slide=4)
+    assert shown.differing(drawn, drawn) == []
+    assert shown.differing(drawn, edited) == ["model"]  # slide and centering are the view, not the analysis
+    assert "smollm2-135m" in shown.describe(drawn) and "'She drank a cup of'" in shown.describe(drawn)
+    link = parse_query(shown.link_query(shown.analysis_query(drawn), 3, "raw"))[0]
+    assert (link.model, link.prefix, link.slide, link.centering) == ("smollm2-135m", drawn.prefix, 3, "raw")
+
+
+def test_a_drawing_is_stale_while_a_newer_analysis_computes_or_after_a_failure():
+    view = handles.view_of({"id": "a", "status": "done", "query": "?model=x"})
+    assert view == {"id": "a", "kept_share": None, "query": "?model=x"}
+    assert not handles.is_stale({"id": "a", "status": "done"}, view)
+    assert handles.is_stale({"id": "b", "status": "running"}, view)
+    assert handles.is_stale(handles.refused("no such model"), view)
+    assert not handles.is_stale({"id": "a", "status": "running", "kept_share": 0.5}, view)  # a partial
+    assert not handles.is_stale({"id": "b", "status": "queued"}, None)  # nothing drawn to grey
+
+
+def test_vocabulary_rows_are_named_by_their_tokens(summary):
+    known = plots.vocabulary(summary)
+    prefix = summary["tokens"]["prefix"]
+    assert all(known[token["id"]] == token["text"] for token in prefix)
+    embedding = next(t for t in summary["tensors"] if plots.is_vocabulary_sized(t["shape"], summary))
+    row = prefix[0]["id"]
+    assert explorer_callbacks.coordinate([row, 7], embedding["shape"], summary, known) == (
+        f"{plots.token_label(prefix[0]['text'])}, col 7"
+    )
+    assert explorer_callbacks.coordinate([3, 7], [64, 64], summary, known) == "[3, 7]"
+    pooled = {
+        "shape": [3, 1],
+        "row_edges": [0, row, row + 1, embedding["shape"][0]],
+        "col_edges": [0, embedding["shape"][1]],
+        "values": [[1.0], [2.0], [0.5]],
+    }
+    figure = explorer.heatmap(pooled, embedding["name"], "fisher", known)
+    assert plots.token_label(prefix[0]["text"]) in figure.data[0].customdata[1][0]
+    assert plots.token_label(prefix[0]["text"]) in figure.layout.yaxis.ticktext
+
+
+def test_every_layer_is_labelled(summary):
+    figure = explorer.layer_mass(summary, "on")
+    assert (figure.layout.xaxis.tickmode, figure.layout.xaxis.dtick) == ("linear", 1)

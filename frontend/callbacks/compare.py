@@ -23,8 +23,8 @@ from frontend.callbacks.run import failure, post
 from frontend.compare_layout import HIDDEN
 from frontend.exports import COMPARE_CSV_FILENAME, compare_csv
 from frontend.handles import Handle
+from frontend.numbers import percent
 from frontend.plots import message_figure, stat_for_centering
-from frontend.slides.common import pct
 from frontend.state import state_b
 from frontend.summaries import Summaries, View
 
@@ -157,7 +157,7 @@ def sets_table(sets: dict[str, Any]) -> html.Table:
             [
                 html.Td(f"{100 * q:g}%"),
                 *(
-                    html.Td(pct(sets[key][i]))
+                    html.Td(percent(sets[key][i]))
                     for key in ("overlap", "chance_overlap", "jaccard", "chance_jaccard")
                 ),
             ]

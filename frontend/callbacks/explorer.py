@@ -15,7 +15,17 @@ from dash import Input, Output, State, ctx, html
 
 from frontend import explorer
 from frontend.api_client import ApiError
-from frontend.plots import STAT_LABEL, layer_label, message_figure, stat_for_centering, token_label
+from frontend.numbers import percent
+from frontend.plots import (
+    STAT_LABEL,
+    is_vocabulary_sized,
+    layer_label,
+    message_figure,
+    row_token,
+    stat_for_centering,
+    token_label,
+    vocabulary,
+)
 from frontend.summaries import Summaries, View, position_entries
 
 TOP_COORDINATES = 15
@@ -127,21 +137,30 @@ def top_coordinates_table(summary: dict[str, Any], stat: str) -> html.Table | ht
     if not rows:
         return html.Div(f"no top coordinates stored for {stat}")
     total = summary["totals"].get(stat) or 0.0
-    header = html.Tr(
-        [html.Th("tensor"), html.Th("index [row, col]"), html.Th(stat), html.Th("share of total")]
-    )
+    shapes = {tensor["name"]: tensor["shape"] for tensor in summary["tensors"]}
+    known = vocabulary(summary)
+    header = html.Tr([html.Th("tensor"), html.Th("coordinate"), html.Th(stat), html.Th("share of total")])
     body = [
         html.Tr(
             [
                 html.Td(row["tensor"]),
-                html.Td(str(row["index"])),
+                html.Td(coordinate(row["index"], shapes.get(row["tensor"], []), summary, known)),
                 html.Td(f"{row['value']:.4g}"),
-                html.Td(f"{100 * row['value'] / total:.2g}%" if total > 0 else "–"),
+                html.Td(percent(row["value"] / total) if total > 0 else "–"),
             ]
         )
         for row in rows
     ]
     return html.Table([header, *body], className="top-table")
+
+
+def coordinate(index: list[int], shape: list[int], summary: dict[str, Any], known: dict[int, str]) -> str:
+    """A coordinate as a reader names it: a vocabulary row by its token (`' coffee', col 17`), any other
+    by its indices (`[3, 17]`, `[260]`)."""
+    if index and is_vocabulary_sized(shape, summary):
+        rest = f", col {index[1]}" if len(index) > 1 else ""
+        return f"{row_token(index[0], known)}{rest}"
+    return str(index)
 
 
 def register_matrix_choice(app: dash.Dash, summaries: Summaries) -> None:
@@ -188,9 +207,13 @@ def register_heatmap(app: dash.Dash, summaries: Summaries) -> None:
             return message_figure("The matrix views come with the finished analysis (this is a partial one).")
         stat = stat_for_centering(centering or "on")
         try:
-            return explorer.heatmap(summaries.pooled(view["id"], tensor, stat), tensor, stat)
+            pooled = summaries.pooled(view["id"], tensor, stat)
+            summary = summaries.summary(view)
         except ApiError as error:
             return message_figure(str(error))
+        rows = [pooled["row_edges"][-1]]  # the matrix's rows (`shape` is the grid of blocks)
+        known = vocabulary(summary) if is_vocabulary_sized(rows, summary) else None
+        return explorer.heatmap(pooled, tensor, stat, known)
 
 
 MatrixChoice = tuple[list[str], str | None, str]  # (options, value, scope line)

@@ -4,6 +4,10 @@ Run posts the controls as they are; Sample posts them with the typed continuatio
 drawn from the sampler (seed and length from its fields). A cached analysis arrives at once, otherwise
 its handle (`frontend.handles`) is polled: the progress bar and stage follow it, a partial result is
 drawn as soon as it is in, and a refused request or a failed analysis shows the API's own message.
+
+Whatever is drawn stays until the new analysis has something to draw, so the page says which analysis
+that is: a banner names it whenever the controls describe another one, and the slide and the explorer
+are greyed while a newer analysis computes or after a run failed.
 """
 
 from __future__ import annotations
@@ -16,10 +20,22 @@ from dash.exceptions import PreventUpdate
 
 from frontend.api_client import ApiClient, ApiError
 from frontend.callbacks.controls import CONTROL_IDS, message_block, state_from_controls
-from frontend.handles import FAILED, Handle, handle_from, is_settled, progress_style, view_of
+from frontend.handles import (
+    FAILED,
+    Handle,
+    handle_from,
+    is_settled,
+    is_stale,
+    progress_style,
+    refused,
+    view_of,
+)
 from frontend.layout import SIDES
+from frontend.shown import analysis_query, describe, differing, shown_state
 from frontend.state import DashboardState, to_request
-from frontend.summaries import Summaries
+from frontend.summaries import Summaries, View
+
+STALE_PANELS = ("slide-panel", "explorer-panel")  # greyed while they show an earlier analysis
 
 # A poll's answer replaces the handle only while it answers the request the page still waits for: a
 # slow answer about an analysis the reader has since replaced (Run pressed again) is dropped. In the
@@ -36,6 +52,7 @@ def register(app: dash.Dash, api: ApiClient, summaries: Summaries) -> None:
     for side in SIDES:
         register_tracking(app, api, summaries, side)
     register_progress(app)
+    register_shown(app)
 
 
 def sampled(controls: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +71,8 @@ def sample_of(state: DashboardState) -> dict[str, int] | None:
 def post(api: ApiClient, state: DashboardState) -> Handle:
     """POST the state's request; the handle of the API's answer (raises ApiError with its message)."""
     body = api.submit(to_request(state))
-    return handle_from(body, body["id"], cached=body.get("status") == "done", sample=sample_of(state))
+    cached = body.get("status") == "done"
+    return handle_from(body, body["id"], cached, sample=sample_of(state), query=analysis_query(state))
 
 
 def register_submit(app: dash.Dash, api: ApiClient) -> None:
@@ -91,7 +109,8 @@ def register_submit(app: dash.Dash, api: ApiClient) -> None:
         try:
             handle = post(api, state)
         except ApiError as error:
-            return dash.no_update, [html.Div(str(error))], *shown, note
+            # a refused run is a failed handle: the drawing left on screen is greyed and named
+            return refused(str(error), analysis_query(state)), dash.no_update, *shown, note
         return handle, [], *shown, note
 
 
@@ -142,7 +161,7 @@ def polled(api: ApiClient, summaries: Summaries, handle: Handle) -> Handle:
     partial = body.get("partial")
     if body.get("status") == "running" and partial:
         summaries.remember_partial(body["id"], float(partial["kept_share"]), partial["result"])
-    return handle_from(body, handle["request"], sample=handle.get("sample"))
+    return handle_from(body, handle["request"], sample=handle.get("sample"), query=handle.get("query"))
 
 
 def register_progress(app: dash.Dash) -> None:
@@ -166,3 +185,47 @@ def failure(handle: Handle, what: str) -> Any:
     if handle.get("status") != FAILED:
         return dash.no_update
     return [html.Div(f"the {what} failed: {handle.get('error') or 'no reason given'}")]
+
+
+def register_shown(app: dash.Dash) -> None:
+    """The banner naming the analysis on screen, and the greying of the panels that draw it."""
+
+    @app.callback(
+        Output("shown-banner", "children"),
+        *[Output(panel, "className") for panel in STALE_PANELS],
+        Input("analysis-view", "data"),
+        Input("analysis", "data"),
+        [Input(key, "value") for key in CONTROL_IDS],
+        State("slide", "data"),
+    )
+    def show_what_is_drawn(view: View | None, handle: Handle | None, *values):
+        stale = is_stale(handle, view)
+        classes = [f"{panel.removesuffix('-panel')}{' stale' if stale else ''}" for panel in STALE_PANELS]
+        return banner(view, handle, list(values[:-1]), values[-1]), *classes
+
+
+def banner(view: View | None, handle: Handle | None, controls: list[Any], slide: int | None) -> list[Any]:
+    """'showing: <analysis>' and why it is worth saying, or nothing when the view matches the controls."""
+    if not view:
+        return []
+    wanted, errors = state_from_controls(controls, slide or 1)
+    shown = shown_state(view.get("query"))
+    what = describe(shown) if shown else f"analysis {view['id'][:12]}…"
+    changed = differing(shown, wanted) if shown else []
+    reasons = []
+    if handle and handle.get("status") == FAILED:
+        reasons.append("the last run failed; this is the analysis before it")
+    elif is_stale(handle, view):
+        assert handle is not None
+        requested = shown_state(handle.get("query"))
+        stage = handle.get("stage") or "queued"
+        reasons.append(f"a new analysis is computing ({stage}); this is the one before it")
+        if requested and not differing(requested, wanted):
+            changed = []  # the controls are what is computing: nothing to press
+    if changed:
+        reasons.append(f"the controls differ ({', '.join(changed)}): press Run to analyse them")
+    elif errors:
+        reasons.append("some controls are not valid (see the message above)")
+    if not reasons:
+        return []
+    return [html.Strong("showing: "), html.Span(what, className="shown-what"), html.Div("; ".join(reasons))]
