@@ -37,7 +37,14 @@ SIGNED_STATS: tuple[str, ...] = ("mean_shift", "common", "policy_grad")
 # The densities q of the named top-q sets: concentration shares, overlaps, compares and masks.
 TOP_FRACTIONS: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1)
 # The essays' running example: what a first visit shows, computed once by `fisherscope serve` at start.
+# It carries what every slide reads: a short response (slides 4, 8, 9; each position costs seconds on a
+# CPU), a reward over next tokens (slide 2: ' tea' rewarded, its likely rival ' coffee' not), and an
+# off-policy sampler, the temperature and truncation RL samples with (slides 5, 7, 8, 10: mu != p).
 LANDING_PREFIX = "She drank a cup of"
+LANDING_CONTINUATION = " tea with her"
+LANDING_REWARD: dict[str, float] = {" tea": 1.0, " coffee": 0.0}
+LANDING_TEMPERATURE = 0.7
+LANDING_TOP_K = 50
 
 # Module kinds a parameter is grouped by, in the order figures show them.
 MODULE_KINDS: tuple[str, ...] = (

@@ -126,9 +126,9 @@ def reward_and_method(default: DashboardState) -> list:
         labelled(
             "Reward",
             dcc.Input(
-                id="reward", type="text", value="", className="text-input", placeholder=" tea:1; coffee:1"
+                id="reward", type="text", value="", className="text-input", placeholder=" tea=1; coffee=1"
             ),
-            "token:value;… — or click a candidate below",
+            "token=value;… (as in the CLI) — or click a candidate below",
         ),
         html.Div(id="candidate-chips", className="chips"),
         labelled(

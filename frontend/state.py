@@ -18,7 +18,11 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from backend.vocabulary import (
+    LANDING_CONTINUATION,
     LANDING_PREFIX,
+    LANDING_REWARD,
+    LANDING_TEMPERATURE,
+    LANDING_TOP_K,
     MODEL_ID_RULE,
     EngineKind,
     SamplerKind,
@@ -71,26 +75,48 @@ def is_landing(query: str) -> bool:
     return "prefix" not in dict(parse_qsl(query.lstrip("?"), keep_blank_values=True))
 
 
+def landing_state() -> DashboardState:
+    """The essays' example (backend.vocabulary). Its request is the one `fisherscope serve` computes at
+    start, so a first visit reads it from the cache."""
+    return DashboardState(
+        prefix=LANDING_PREFIX,
+        continuation=LANDING_CONTINUATION,
+        reward=dict(LANDING_REWARD),
+        temperature=LANDING_TEMPERATURE,
+        top_k=LANDING_TOP_K,
+    )
+
+
+def with_landing(query: str) -> str:
+    """A first visit's query with the essays' example under it: the link's own keys (`model=`,
+    `slide=`, ...) still win, since parse_query keeps the last value of a key."""
+    if not is_landing(query):
+        return query
+    return to_query(landing_state()) + "&" + query.lstrip("?")
+
+
 def state_b(state: DashboardState) -> DashboardState:
     """The compare panel's request: A with B's overrides (continuation, sample and reward as A's)."""
     return replace(state, **state.b)
 
 
 def format_reward(reward: dict[str, float]) -> str:
-    """`token:value;...`; a token may itself contain ':' (the value is after the last one)."""
-    return ";".join(f"{token}:{value:g}" for token, value in reward.items())
+    """`token=value;...`, as the CLI writes a reward; a token may itself contain '=' or ':' (the value
+    is after the last '=')."""
+    return ";".join(f"{token}={value:g}" for token, value in reward.items())
 
 
 def parse_reward(text: str) -> tuple[dict[str, float], list[str]]:
-    """Parse `token:value;...` into a dict, with a message for every malformed entry."""
+    """Parse `token=value;...` into a dict, with a message for every malformed entry. The older
+    `token:value` is still read: an entry without '=' splits at its last ':'."""
     reward: dict[str, float] = {}
     errors: list[str] = []
     for entry in text.split(";"):
         if not entry.strip():
             continue
-        token, sep, value = entry.rpartition(":")
+        token, sep, value = entry.rpartition("=" if "=" in entry else ":")
         if not sep or not token:
-            errors.append(f"reward entry {entry!r} must look like token:value, e.g. ' tea:1'")
+            errors.append(f"reward entry {entry!r} must look like token=value, e.g. ' tea=1'")
             continue
         try:
             number = float(value)

@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 import pytest
 
-from backend.vocabulary import LANDING_PREFIX
+from backend.vocabulary import LANDING_PREFIX, STATS
 from frontend.devserver import CHROMIUM, embedded_service, launch_chromium, wait_until_ready
 from tests.requirements import require
 
@@ -311,7 +311,8 @@ def check_arrays_download(page) -> None:
         "() => (document.querySelector('#arrays-status')?.innerText || '').startsWith('ready')",
         timeout=120_000,
     )
-    assert page.get_attribute("#arrays-link", "href").endswith("/safetensors")
+    href = page.get_attribute("#arrays-link", "href")  # the default choice: what a notebook reads first
+    assert "/safetensors?" in href and "stats=fisher%2Cmean_shift" in href and "dtype=float16" in href, href
     assert page.locator("#arrays-link").is_visible()
 
 
@@ -449,7 +450,8 @@ def full_arrays(service: Service, analysis_id: str) -> dict[str, np.ndarray]:
 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        answer = service.api.get(f"/analyses/{analysis_id}/safetensors")
+        everything = {"stats": ",".join(STATS), "dtype": "float32"}  # as computed: ties decide top-q sets
+        answer = service.api.get(f"/analyses/{analysis_id}/safetensors", params=everything)
         if answer.status_code == 200:
             return load(answer.content)
         assert answer.status_code == 202, answer.text[:300]
@@ -551,3 +553,65 @@ def test_a_sampled_response_on_smollm2(service: Service, browser):
     check_every_slide(page)
     check_along_the_response(page, service, analysis["id"], len(drawn))
     watch.check()
+
+
+def centering_disabled(page) -> list[bool]:
+    """Whether each option of the centering toggle is disabled, in order."""
+    return page.evaluate(
+        "() => Array.from(document.querySelectorAll('#centering input')).map(i => i.disabled)"
+    )
+
+
+def check_the_toggle_follows_the_slide(page) -> None:
+    """Disabled, with the reason as a tooltip, where the slide does not draw its statistic; after a click
+    on it the arrow keys still step the slides (a focused radio would take them for itself)."""
+    go_to_slide(page, 2)
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('#centering input')).every(i => i.disabled)"
+    )
+    titles = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#centering [title]')).map(e => e.title)"
+    )
+    assert titles and all("does not change with this" in title for title in titles), titles
+    go_to_slide(page, 3)
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('#centering input')).every(i => !i.disabled)"
+    )
+    page.click("#centering label:has-text('uncentered')")
+    page.wait_for_function(
+        "() => document.querySelector('#slide-reading').innerText.includes('Shown: uncentered')"
+    )
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.querySelector('#slide-counter').innerText.startsWith('4 /')")
+    assert page.is_checked("#centering input[value='off']")  # the arrow stepped, it did not re-select
+    page.click("#centering label:has-text('centered (Fisher)')")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_landing_page_teaches_on_every_slide(tmp_path, browser):
+    """A fresh `serve` computes the essays' example on SmolLM2 at start; the first page reads it from the
+    cache and every slide draws it: a figure with points and a reading with numbers, no placeholder."""
+    require(Path(CHROMIUM).exists(), "Debian chromium (apt-get install chromium)")
+    with embedded_service(tmp_path / "results", tmp_path / "exports", landing_analysis=True) as url:
+        wait_until_ready(url)
+        watch = Watch()
+        page = open_page(browser, watch, f"{url}/")
+        wait_for_restore(page)
+        wait_until_done(page, "analysed continuation: 3 tokens")
+        assert page.input_value("#prefix") == LANDING_PREFIX
+        assert "type your own prefix" in page.inner_text("#landing-note")
+        assert httpx.get(f"{url}/api/v1/stats").json()["engine_runs"] == 1  # serve's, none for the page
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        for number in range(1, 11):
+            go_to_slide(page, number)
+            wait_for_reading(page, 30_000)
+            assert has_points(plotted(page, "slide-graph")), f"slide {number} drew no figure"
+            reading = page.inner_text("#slide-reading")
+            assert re.search(r"\d(\.\d|%)", reading), (number, reading)  # quotes its numbers
+            assert "continuation" not in reading and "no shift" not in reading, (number, reading)
+            page.locator(".slide").screenshot(path=str(SCREENSHOTS / f"landing_{number:02d}.png"))
+        assert "√((1−p)/p)" in page.inner_text("#slide-reading")
+        go_to_slide(page, 1)
+        check_the_toggle_follows_the_slide(page)
+        watch.check()

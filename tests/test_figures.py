@@ -145,13 +145,18 @@ def test_gradient_slide_without_reward_draws_zero_rows(response_summary):
     assert "set a reward" in figure.layout.annotations[-1].text
 
 
-def test_mismatch_slide_draws_the_engines_row_shift_and_on_policy_fisher(summary, data_summary):
+def test_mismatch_slide_draws_update_and_sqrt_fisher_ordered_by_p(summary, data_summary):
+    """Slide 10's x is p (log, rarest first); the update when drawn is sqrt((1 - p) / p) times the row's
+    sqrt(on-policy Fisher), which the summary gives as row_fisher_p."""
     for source in (summary, data_summary):
         figure = s10_not_a_defect.figure(source, "on")
-        top = source["positions"][0]["p"]["top"]
-        assert list(figure.data[0].x) == list(figure.data[1].x) == plots.unique_token_labels(top)
-        assert list(figure.data[0].y) == [token["row_shift_sq"] for token in top]
-        assert list(figure.data[1].y) == [token["row_fisher_p"] for token in top]
+        top = sorted((t for t in source["positions"][0]["p"]["top"] if t["p"] > 0), key=lambda t: t["p"])
+        update, fisher = figure.data[0], figure.data[1]
+        assert list(update.x) == list(fisher.x) == [t["p"] for t in top]
+        assert figure.layout.xaxis.type == "log" and figure.layout.yaxis.type == "log"
+        for token, u, f in zip(top, update.y, fisher.y, strict=True):
+            assert math.isclose(f, math.sqrt(token["row_fisher_p"]), rel_tol=1e-12)
+            assert math.isclose(u, f * math.sqrt((1 - token["p"]) / token["p"]), rel_tol=1e-12)
 
 
 def test_output_share_figure_plots_the_summary_rows(summary):
@@ -510,13 +515,16 @@ def test_mean_shift_axis_labels_every_drawn_decade(response_summary):
     assert min(ticks) <= min(drawn) and max(ticks) >= max(drawn)
 
 
-def test_mismatch_axes_start_at_zero_with_their_own_ticks(summary):
-    """A non-negative quantity on either side: no axis of slide 10 may reach below 0."""
+def test_mismatch_slide_marks_every_shifted_row_by_its_shift(summary):
+    """The x markers sit at |mu - p| ||h|| (sqrt of row_shift_sq), only on rows the sampler shifts."""
     figure = s10_not_a_defect.figure(summary, "on")
-    top = summary["positions"][0]["p"]["top"]
-    assert figure.layout.yaxis.range[0] == 0 and figure.layout.yaxis2.range[0] == 0
-    assert figure.layout.yaxis.range[1] >= max(token["row_shift_sq"] for token in top)
-    assert figure.layout.yaxis2.range[1] >= max(token["row_fisher_p"] for token in top)
+    shifted = sorted(
+        (t for t in summary["positions"][0]["p"]["top"] if t["p"] > 0 and t["row_shift_sq"] > 0),
+        key=lambda t: t["p"],
+    )
+    assert list(figure.data[2].x) == [t["p"] for t in shifted]
+    for token, y in zip(shifted, figure.data[2].y, strict=True):
+        assert math.isclose(y, math.sqrt(token["row_shift_sq"]), rel_tol=1e-12)
 
 
 def test_spectrum_marks_keep_their_labels_inside_the_plot(summary):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
 
+from frontend.plots import token_label
 from frontend.slides import (
     SLIDES,
     s02_gradient_covariance,
@@ -121,16 +123,39 @@ def test_on_policy_has_no_engine_shift(summary):
     assert "no shift" in s10_not_a_defect.reading(engine_on_policy, "on")
 
 
-def test_mismatch_reading_ranks_rows_by_the_engines_shift_over_fisher(summary):
-    top = summary["positions"][0]["p"]["top"]
-    ratios = [token["row_shift_sq"] / token["row_fisher_p"] for token in top]
-    worst = top[ratios.index(max(ratios))]
-    rarest = min(top, key=lambda token: token["p"])
+def test_a_rare_drawn_token_gets_a_full_size_update_at_near_zero_fisher(summary):
+    """Part 2 section 5: a token the model rarely samples has a near-zero Fisher, yet when drawn its row
+    receives (1 - p) h; the update over sqrt(Fisher) is sqrt((1 - p) / p), largest for the rarest."""
+    position = summary["positions"][0]
+    h_norm = math.sqrt(position["output_layer"]["h_norm_sq"])
+    assert position["output_layer"]["logit_map"] is False  # g' = 1: the update is (1 - p) ||h|| exactly
+    rows = s10_not_a_defect.head_rows(summary)
+    for row in rows:
+        assert row.update == pytest.approx((1 - row.p) * h_norm, rel=1e-9)
+        assert row.sqrt_fisher == pytest.approx(math.sqrt(row.p * (1 - row.p)) * h_norm, rel=1e-6)
+        assert row.ratio == pytest.approx(math.sqrt((1 - row.p) / row.p), rel=1e-6)
+    rarest, likeliest = rows[0], rows[-1]
+    assert rarest.ratio > 5 * likeliest.ratio  # the contrast the essay draws
     sentence = s10_not_a_defect.reading(summary, "on")
-    assert sentence.startswith("Sampler (engine model, temperature 0.7): ")
-    assert f"on the row of '{worst['text']}' (shift²/Fisher = {max(ratios):.2g})" in sentence
-    rare_ratio = rarest["row_shift_sq"] / rarest["row_fisher_p"]
-    assert f"'{rarest['text']}' (p = {rarest['p']:.2g}) has {rare_ratio:.2g}" in sentence
+    assert f"{token_label(rarest.text)} (p = {rarest.p:.2g})" in sentence
+    assert f"√((1−p)/p) = {math.sqrt((1 - rarest.p) / rarest.p):.3g} times" in sentence
+    assert f"by {likeliest.ratio:.3g} times its own" in sentence
+    # the shift: temperature 0.7 moves every shown row; centering removes it (mean shift (mu - p) h)
+    top = position["p"]["top"]
+    over = sum(1 for token in top if token["mu"] > token["p"])
+    assert f"shifts {len(top)} of these {len(top)} drawn rows by (μ−p)h, {over} of them" in sentence
+    assert "Centering removes all of it" in sentence or "centering removes all of it" in sentence
+
+
+def test_the_mismatch_slide_draws_log_axes_ordered_by_p(summary):
+    figure = s10_not_a_defect.figure(summary, "on")
+    assert figure.layout.xaxis.type == "log" and figure.layout.yaxis.type == "log"
+    update, fisher, shift = figure.data
+    assert list(update.x) == sorted(update.x) and list(fisher.x) == list(update.x)
+    # below p = 1/2 the per-draw update exceeds sqrt(Fisher), above it falls short: (1-p) vs sqrt(p(1-p))
+    for p, u, f in zip(update.x, update.y, fisher.y, strict=True):
+        assert (u > f) == (p < 0.5)
+    assert len(shift.x) == len(summary["positions"][0]["p"]["top"])  # every row is shifted at T = 0.7
 
 
 def test_output_layer_reading_quotes_the_bound(summary):
@@ -244,7 +269,7 @@ def test_a_partial_result_draws_every_slide_and_says_what_comes_at_the_end(summa
     handle = polled(api, summaries, handle_from({**body, "partial": None}, ID_A))
     assert handle["stage"] == "partial: 63% of the C_mu trace" and not is_settled(handle)
     assert progress_style(handle["progress"]) == {"width": "40%"}
-    assert view_of(handle) == {"id": ID_A, "kept_share": 0.63}
+    assert view_of(handle) == {"id": ID_A, "kept_share": 0.63, "query": None}
     assert summaries.summary(view_of(handle)) is partial
     assert slide_view(summaries.summary(view_of(handle)), 1, "on")[5] == PARTIAL_NOTE
     assert api.calls == [("analysis", ID_A)]
@@ -267,7 +292,7 @@ def test_the_browser_holds_a_handle_of_fixed_size_whatever_the_response():
     assert (small["stage"], large["stage"]) == ("cached", "done")
     # a sampled request follows to the concrete response's analysis; the handle keeps what was asked
     assert (large["request"], large["id"]) == (ID_A, ID_B)
-    assert view_of(large) == {"id": ID_B, "kept_share": None}
+    assert view_of(large) == {"id": ID_B, "kept_share": None, "query": None}
 
 
 def test_a_failed_or_queued_analysis_has_nothing_to_draw():

@@ -13,6 +13,7 @@ from frontend.state import (
     MAX_SAMPLE_TOKENS,
     MAX_SEED,
     DashboardState,
+    format_reward,
     is_landing,
     parse_query,
     parse_reward,
@@ -86,6 +87,12 @@ def test_method_is_read_in_its_canonical_spelling():
 def test_centering_settings_are_the_statistics_they_show():
     assert CENTERINGS == ("on", "off", "raw")
     assert CENTERING_STAT == {"on": "fisher", "off": "uncentered", "raw": "raw"}
+
+
+def test_rewards_are_written_as_the_cli_writes_them_and_both_forms_read():
+    assert format_reward({" tea": 1.0, "a:b": 2.0, "x=y": -0.5}) == " tea=1;a:b=2;x=y=-0.5"
+    assert parse_reward(" tea=1;a:b=2;x=y=-0.5") == ({" tea": 1.0, "a:b": 2.0, "x=y": -0.5}, [])
+    assert parse_reward(" Paris=1; London:0.5") == ({" Paris": 1.0, " London": 0.5}, [])
 
 
 def test_reward_parsing_keeps_colons_in_tokens():
@@ -214,3 +221,12 @@ def test_sample_replaces_a_typed_continuation():
         list(sampled(dict(zip(CONTROL_IDS, values, strict=True))).values()), 1
     )
     assert errors == [] and (state.continuation, state.sample_seed, state.sample_tokens) == ("", 0, 32)
+
+
+def test_rewarded_candidate_chips_are_marked_with_their_value():
+    from frontend.callbacks.state import candidate_chips
+
+    top = [{"id": 1, "text": " tea", "p": 0.3}, {"id": 2, "text": " coffee", "p": 0.2}]
+    chips = candidate_chips({"positions": [{"p": {"top": top}}]}, parse_reward(" tea=1")[0])
+    assert [chip.className for chip in chips] == ["chip candidate rewarded", "chip candidate"]
+    assert chips[0].children.endswith("= 1") and "click to remove" in chips[0].title

@@ -18,11 +18,17 @@ from backend.embedded import local_backend
 from backend.main import create_app
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, STUDY_PART_FUNCTION
 from backend.registry import DEFAULT_MODEL, is_available
-from backend.schemas import AnalysisCreate, AnalysisJob
+from backend.schemas import AnalysisCreate, AnalysisJob, SamplerSpec
 from backend.settings import Settings, get_settings
 from backend.store import Store
 from backend.study_schemas import StudyJob
-from backend.vocabulary import LANDING_PREFIX
+from backend.vocabulary import (
+    LANDING_CONTINUATION,
+    LANDING_PREFIX,
+    LANDING_REWARD,
+    LANDING_TEMPERATURE,
+    LANDING_TOP_K,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +56,21 @@ def embedded_api(settings: Settings, preload: str | None = None) -> Any:
     return api
 
 
+def landing_request(model_id: str) -> AnalysisCreate:
+    """The essays' example on ``model_id``: the request a first visit's page sends (frontend.state)."""
+    return AnalysisCreate(
+        model=model_id,
+        prefix=LANDING_PREFIX,
+        continuation=LANDING_CONTINUATION,
+        sampler=SamplerSpec(temperature=LANDING_TEMPERATURE, top_k=LANDING_TOP_K),
+        reward=dict(LANDING_REWARD),
+        method="exact",
+    )
+
+
 def _submit_landing(service: Any, model_id: str) -> None:
     """Queue the landing view's analysis; a cached one costs nothing."""
-    service.submit(AnalysisCreate(model=model_id, prefix=LANDING_PREFIX, method="exact"))
+    service.submit(landing_request(model_id))
 
 
 class _Preload:

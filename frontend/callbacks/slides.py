@@ -8,12 +8,13 @@ ask the API nothing after the first drawing.
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, State
+from dash import Input, Output, State, html
 
 from frontend.api_client import ApiError
+from frontend.layout import CENTERING_LABELS
 from frontend.plots import message_figure
 from frontend.slides import SLIDES
-from frontend.state import N_SLIDES
+from frontend.state import CENTERINGS, N_SLIDES
 from frontend.summaries import Summaries, View
 
 NOTHING_YET = (
@@ -54,6 +55,27 @@ def register(app: dash.Dash, summaries: Summaries) -> None:
         except ApiError as error:
             return slide_view(None, slide or 1, centering or "on", f"Could not read the analysis: {error}")
         return slide_view(summary, slide or 1, centering or "on")
+
+    @app.callback(Output("centering", "options"), Input("slide", "data"))
+    def centering_options(slide: int | None):
+        return centering_choices(slide or 1)
+
+
+def centering_choices(slide: int) -> list[dict]:
+    """The toggle's options, disabled on a slide whose figure does not draw its statistic; each label's
+    tooltip says why (the value stays, so the compare panel and slides 1, 3, 4 keep the reader's choice)."""
+    module = SLIDES[max(1, min(N_SLIDES, slide)) - 1]
+    enabled = module.CHANGES_WITH_CENTERING
+    why = (
+        "which per-parameter statistic the figure shows"
+        if enabled
+        else f"slide {slide} draws fixed quantities and does not change with this; slides "
+        f"{', '.join(str(n) for n, m in enumerate(SLIDES, 1) if m.CHANGES_WITH_CENTERING)} do"
+    )
+    return [
+        {"label": html.Span(CENTERING_LABELS[c], title=why), "value": c, "disabled": not enabled}
+        for c in CENTERINGS
+    ]
 
 
 def slide_view(summary: dict | None, slide: int, centering: str, why: str = NOTHING_YET) -> tuple:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 import dash
 from dash import ALL, Input, Output, State, ctx, html
@@ -17,20 +18,21 @@ from dash.exceptions import PreventUpdate
 from frontend.api_client import ApiClient, ApiError
 from frontend.callbacks.controls import (
     ALL_CONTROL_IDS,
+    B_CONTROL_IDS,
     controls_from_state,
     message_block,
-    state_from_controls,
 )
 from frontend.compare_layout import AS_A
 from frontend.handles import Handle
 from frontend.plots import token_label, unique_token_labels
+from frontend.shown import link_query
 from frontend.state import (
     DashboardState,
     format_reward,
     is_landing,
     parse_query,
     parse_reward,
-    to_query,
+    with_landing,
 )
 from frontend.summaries import Summaries, View
 
@@ -80,7 +82,7 @@ def register_restore(app: dash.Dash, api: ApiClient) -> None:
     def restore(_pathname: str, search: str | None, restored: bool | None):
         if restored:
             raise PreventUpdate  # Location re-fires on every URL write; the URL is read once per page load
-        state, errors = parse_query(search or "")
+        state, errors = parse_query(with_landing(search or ""))
         models = model_ids(api)
         if state.model not in models:
             errors.append(f"model {state.model!r} is not served here; choose one of {', '.join(models)}")
@@ -106,28 +108,53 @@ def opened_handle(analysis_id: str) -> Handle:
 
 
 def register_write_url(app: dash.Dash) -> None:
-    """Controls -> URL on every valid change, and the share link (the page's own URL) in the browser."""
+    """What is drawn -> URL, and the share link (the page's own URL) in the browser.
+
+    The link names the analysis on screen (before anything is drawn, the one computing), with the
+    slide, the centering and the compare panel as they are: never controls edited since, so a link
+    reopens exactly what its sender saw.
+    """
 
     @app.callback(
         Output("url-out", "search"),
-        [Input(key, "value") for key in ALL_CONTROL_IDS],
+        Input("analysis-view", "data"),
+        Input("analysis", "data"),
         Input("slide", "data"),
+        Input("centering", "value"),
         Input("b-analysis", "data"),
+        [Input(key, "value") for key in B_CONTROL_IDS],
         prevent_initial_call=True,
     )
-    def write_url(*values):
-        b_handle = values[-1]
-        compare = b_handle["id"] if b_handle and b_handle.get("status") != "failed" else None
-        state, errors = state_from_controls(list(values[:-2]), values[-2], compare)
-        if errors:
+    def write_url(view, handle, slide, centering, b_handle, *b_values):
+        query = drawn_query(view, handle)
+        b, errors = b_overrides(list(b_values))
+        if not query or errors:
             raise PreventUpdate
-        return to_query(state)
+        compare = b_handle["id"] if b_handle and b_handle.get("status") != "failed" else ""
+        return link_query(query, slide or 1, centering or "on", compare, b)
 
     app.clientside_callback(
         "function(search) { return window.location.origin + window.location.pathname + (search || ''); }",
         Output("share-link", "value"),
         Input("url-out", "search"),
     )
+
+
+def drawn_query(view: View | None, handle: Handle | None) -> str | None:
+    """The query of the analysis on screen; before anything is drawn, of the one on its way."""
+    if view:
+        return view.get("query")
+    if handle and handle.get("status") != "failed":
+        return handle.get("query")
+    return None
+
+
+def b_overrides(values: list[Any]) -> tuple[dict[str, Any], list[str]]:
+    """The compare panel's overrides (B_CONTROL_IDS order), read as a link's `b_` keys are."""
+    pairs = zip(B_CONTROL_IDS, values, strict=True)
+    query = urlencode({key: "" if value is None else str(value) for key, value in pairs})
+    state, errors = parse_query(query)
+    return state.b, errors
 
 
 def register_token_chips(app: dash.Dash, api: ApiClient) -> None:
@@ -150,12 +177,14 @@ def register_token_chips(app: dash.Dash, api: ApiClient) -> None:
 def register_candidates(app: dash.Dash, summaries: Summaries) -> None:
     """The likeliest next tokens as chips; a click adds the token to the reward, a second removes it."""
 
-    @app.callback(Output("candidate-chips", "children"), Input("analysis-view", "data"))
-    def show_candidates(view: View | None):
+    @app.callback(
+        Output("candidate-chips", "children"), Input("analysis-view", "data"), Input("reward", "value")
+    )
+    def show_candidates(view: View | None, reward_text: str | None):
         if not view:
             return []
         try:
-            return candidate_chips(summaries.summary(view))
+            return candidate_chips(summaries.summary(view), parse_reward(reward_text or "")[0])
         except ApiError:
             return []  # the slide says why; the chips only offer tokens
 
@@ -178,18 +207,22 @@ def toggled(reward: dict[str, float], token: str) -> dict[str, float]:
     return {**reward, token: 1.0}
 
 
-def candidate_chips(summary: dict[str, Any]) -> list[Any]:
-    """The likeliest next tokens as buttons that toggle their reward; `#id` where the text is ambiguous."""
+def candidate_chips(summary: dict[str, Any], reward: dict[str, float] | None = None) -> list[Any]:
+    """The likeliest next tokens as buttons that toggle their reward; `#id` where the text is ambiguous.
+    A token the reward names is marked, with its value, so the chips say what the reward is."""
     top = summary["positions"][0]["p"]["top"][:CANDIDATES]
+    reward = reward or {}
     chips = []
     for token, label in zip(top, unique_token_labels(top), strict=True):
         key = token["text"] if label == token_label(token["text"]) else f"#{token['id']}"
+        value = reward.get(key)
         chips.append(
             html.Button(
-                label,
+                label if value is None else f"{label} = {value:g}",
                 id={"type": "candidate", "token": key},
-                className="chip candidate",
-                title=f"p = {token['p']:.3g}: click to reward",
+                className="chip candidate" if value is None else "chip candidate rewarded",
+                title=f"p = {token['p']:.3g}: "
+                + ("click to reward" if value is None else f"reward {value:g}; click to remove"),
             )
         )
     return chips

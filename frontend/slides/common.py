@@ -10,11 +10,14 @@ from frontend.plots import Summary
 
 
 class SlideModule(Protocol):
-    """One essay section: TITLE, CLAIM (one sentence), FORMULA (LaTeX for MathJax), figure and reading."""
+    """One essay section: TITLE, CLAIM (one sentence), FORMULA (LaTeX for MathJax), figure and reading.
+    CHANGES_WITH_CENTERING: whether the figure draws the centering toggle's statistic (else the toggle
+    is disabled on that slide, with the reason shown)."""
 
     TITLE: str
     CLAIM: str
     FORMULA: str
+    CHANGES_WITH_CENTERING: bool
 
     def figure(self, summary: Summary, centering: str) -> go.Figure: ...
 

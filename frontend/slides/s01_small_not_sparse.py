@@ -28,6 +28,7 @@ FORMULA = (
     r"$$\mathrm{share}(q)=\frac{\sum_{i\,\in\,\text{top }q}F_i}{\sum_i F_i},"
     r"\qquad \mathrm{share}(q)=q \text{ if the Fisher were spread evenly}$$"
 )
+CHANGES_WITH_CENTERING = True  # the figure shows the toggle's statistic
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

@@ -24,6 +24,7 @@ FORMULA = (
     r"F_i=\operatorname{Var}(\mathrm{score}_i),\qquad |G_i|\le\operatorname{std}(A)\sqrt{F_i}$$"
 )
 ROWS_SHOWN = 12
+CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
 
 
 def row_values(tokens: list[dict[str, Any]], key: str) -> list[float]:

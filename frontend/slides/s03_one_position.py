@@ -19,6 +19,7 @@ FORMULA = (
     r"f_i(s)=\operatorname{Var}_{a\sim p}\big[\kappa_{i,a}\big]"
     r"=\tfrac12\sum_{a,b}p(a)\,p(b)\,\big(\kappa_{i,a}-\kappa_{i,b}\big)^2$$"
 )
+CHANGES_WITH_CENTERING = True  # the figure shows the toggle's statistic
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

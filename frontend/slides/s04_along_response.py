@@ -14,6 +14,7 @@ FORMULA = (
     r"$$\mathbb{E}\big[\mathrm{score}_i^{(u)}\,\mathrm{score}_i^{(t)}\big]=0\quad(u<t),\qquad "
     r"F_i=\mathbb{E}\Big[\sum_t f_i(s_t)\Big]$$"
 )
+CHANGES_WITH_CENTERING = True  # the figure shows the toggle's statistic
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

@@ -16,6 +16,7 @@ FORMULA = (
     r"$$c_i^{(t)}=\kappa_{i,y_t}-\bar\kappa^{\mu}_i(s_t),\qquad G_i=\operatorname{Cov}_{\mu}(A,c_i),"
     r"\qquad |G_i|\le\operatorname{std}_{\mu}(A)\sqrt{F^{\mu}_i}$$"
 )
+CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

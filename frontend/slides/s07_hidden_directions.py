@@ -14,6 +14,7 @@ FORMULA = (
     r"$$f_i(s)=u_i^\top C_\mu\,u_i,\qquad C_\mu=\sum_a\mu(a)\,(w_a-\bar w_\mu)(w_a-\bar w_\mu)^\top,"
     r"\qquad \operatorname{rank}C_\mu\le n-1$$"
 )
+CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

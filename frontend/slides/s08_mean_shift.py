@@ -27,6 +27,7 @@ FORMULA = (
     r"\big[\kappa_{i,a}\big]+m_i^2,\qquad \frac{\partial}{\partial\theta_i}\mathbb{E}_{\text{data}}"
     r"\big[\log\pi_\theta(y\mid x)\big]=\mathbb{E}_{\text{data}}\Big[\sum_t m_i(s_t)\Big]$$"
 )
+CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
 
 # A note in the plot's top-left corner, where no curve starts.
 CORNER_NOTE = {"showarrow": False, "xref": "paper", "yref": "paper", "x": 0.02, "y": 0.98, "xanchor": "left"}

@@ -34,6 +34,7 @@ FORMULA = (
     r"1+\chi^2(D\,\|\,\pi_\theta)\ \ge\ (1+c)^T$$"
 )
 Range = tuple[int, int]
+CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:
