@@ -165,6 +165,7 @@ def slide_panel() -> html.Div:
             dcc.Markdown(id="slide-formula", mathjax=True, className="formula"),
             dcc.Loading(graph("slide-graph", WAITING)),
             html.P(id="slide-reading", className="reading"),
+            html.P(id="slide-example", className="slide-example"),
         ],
     )
 

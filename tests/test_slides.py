@@ -415,3 +415,20 @@ def test_a_compare_asked_before_its_top_q_sets_are_written_is_asked_again(summar
 def test_a_share_just_under_its_bound_is_written_with_the_digits_that_tell_them_apart():
     assert s06_output_layer.distinct_pcts(0.04712, 0.04718) == ("4.71%", "4.72%")
     assert s06_output_layer.distinct_pcts(0.02, 0.31) == (pct(0.02), pct(0.31))
+
+
+def test_a_slide_the_analysis_cannot_fill_offers_the_essays_example(summary):
+    """The prefix fixture (off-policy, rewarded, no response) cannot draw the response slides; the
+    on-policy response fixture cannot show a shift; each offer links to the landing example at that
+    slide with the same model, and a slide the analysis fills offers nothing."""
+    from frontend.callbacks.slides import example_offer
+
+    on_policy_response = json.loads(RESPONSE_FIXTURE.read_text())
+    wanting = {n for n in range(1, 11) if example_offer(summary, n) or example_offer(on_policy_response, n)}
+    assert wanting == {2, 4, 5, 8, 9, 10}
+    assert all(not example_offer(summary, n) for n in (1, 2, 3, 5, 6, 7, 10))
+    assert all(not example_offer(on_policy_response, n) for n in (1, 3, 4, 6, 7, 8, 9))
+    link = example_offer(summary, 8)[1]
+    assert link.href == f"?model={summary['model']['id']}&slide=8"
+    no_reward = {**on_policy_response, "positions": [{**on_policy_response["positions"][0], "reward": None}]}
+    assert "no reward" in example_offer(no_reward, 2)[0].children

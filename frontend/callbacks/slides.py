@@ -7,6 +7,8 @@ ask the API nothing after the first drawing.
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import dash
 from dash import Input, Output, State, html
 
@@ -45,6 +47,7 @@ def register(app: dash.Dash, summaries: Summaries) -> None:
         Output("slide-formula", "children"),
         Output("slide-graph", "figure"),
         Output("slide-reading", "children"),
+        Output("slide-example", "children"),
         Input("analysis-view", "data"),
         Input("slide", "data"),
         Input("centering", "value"),
@@ -53,8 +56,9 @@ def register(app: dash.Dash, summaries: Summaries) -> None:
         try:
             summary = summaries.summary(view) if view else None
         except ApiError as error:
-            return slide_view(None, slide or 1, centering or "on", f"Could not read the analysis: {error}")
-        return slide_view(summary, slide or 1, centering or "on")
+            drawn = slide_view(None, slide or 1, centering or "on", f"Could not read the analysis: {error}")
+            return *drawn, []
+        return *slide_view(summary, slide or 1, centering or "on"), example_offer(summary, slide or 1)
 
     @app.callback(Output("centering", "options"), Input("slide", "data"))
     def centering_options(slide: int | None):
@@ -87,3 +91,18 @@ def slide_view(summary: dict | None, slide: int, centering: str, why: str = NOTH
     else:
         figure, reading = module.figure(summary, centering), module.reading(summary, centering)
     return counter, module.TITLE, module.CLAIM, module.FORMULA, figure, reading
+
+
+def example_offer(summary: dict | None, slide: int) -> list:
+    """What this analysis lacks for the slide, and a link to the essays' example that has it (a link
+    without a prefix opens the landing example; its model and this slide are kept)."""
+    module = SLIDES[max(1, min(N_SLIDES, slide)) - 1]
+    missing = getattr(module, "missing", None)
+    reason = missing(summary) if summary and missing else None
+    if reason is None:
+        return []
+    href = "?" + urlencode({"model": summary["model"]["id"], "slide": slide})
+    return [
+        html.Span(f"This slide teaches more than this analysis shows: {reason}. "),
+        html.A("Load the essays' example", href=href, id="load-example", className="load-example"),
+    ]

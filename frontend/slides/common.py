@@ -24,6 +24,28 @@ class SlideModule(Protocol):
     def reading(self, summary: Summary, centering: str) -> str: ...
 
 
+# What a slide may need beyond a prefix; a module that needs one defines `missing(summary) -> str | None`
+# (what this analysis lacks for it, or None), and the slide panel then offers the essays' example.
+
+
+def no_response(summary: Summary) -> str | None:
+    return None if summary.get("response") else "this analysis has no response to add up along"
+
+
+def no_shift(summary: Summary) -> str | None:
+    totals = summary["totals"]
+    if totals["mean_shift_sq"] > 1e-12 * max(totals["fisher"], 1e-30):
+        return None
+    return "here μ = p (model engine, temperature 1, no truncation): there is no mean shift to see"
+
+
+def no_varying_reward(summary: Summary) -> str | None:
+    reward = first_position(summary).get("reward")
+    if reward and reward.get("std", 0) > 0:
+        return None
+    return "this analysis has no reward that varies over the likely next tokens"
+
+
 def pct(share: float) -> str:
     """A share as a percentage with two significant digits for small values (0.4%, 32%)."""
     value = 100.0 * share

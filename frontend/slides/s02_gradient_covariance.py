@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from frontend.plots import LAYOUT, Summary, token_label, unique_token_labels
-from frontend.slides.common import first_position, pct
+from frontend.slides.common import first_position, no_varying_reward, pct
 
 TITLE = "2. The gradient is a covariance, the Fisher a variance"
 CLAIM = (
@@ -25,6 +25,7 @@ FORMULA = (
 )
 ROWS_SHOWN = 12
 CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
+missing = no_varying_reward  # what the analysis must carry for this slide to teach
 
 
 def row_values(tokens: list[dict[str, Any]], key: str) -> list[float]:

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from frontend.explorer import response_series
 from frontend.plots import LAYOUT, Summary, message_figure, response_labels, token_label
-from frontend.slides.common import num, pct
+from frontend.slides.common import no_response, num, pct
 
 TITLE = "4. Along the response: the Fisher adds up"
 CLAIM = "Across positions the cross terms average to zero, so the Fisher is a sum of token Fishers."
@@ -15,6 +15,7 @@ FORMULA = (
     r"F_i=\mathbb{E}\Big[\sum_t f_i(s_t)\Big]$$"
 )
 CHANGES_WITH_CENTERING = True  # the figure shows the toggle's statistic
+missing = no_response  # what the analysis must carry for this slide to teach
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from frontend.plots import LAYOUT, Summary, layer_label
-from frontend.slides.common import num, pct, sampler_settings
+from frontend.slides.common import no_shift, num, pct, sampler_settings
 
 TITLE = "5. What this needs: a centered score"
 CLAIM = (
@@ -17,6 +17,7 @@ FORMULA = (
     r"\qquad |G_i|\le\operatorname{std}_{\mu}(A)\sqrt{F^{\mu}_i}$$"
 )
 CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
+missing = no_shift  # what the analysis must carry for this slide to teach
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

@@ -15,7 +15,7 @@ from frontend.plots import (
     positive_or_none,
     response_labels,
 )
-from frontend.slides.common import num
+from frontend.slides.common import no_response, num
 
 TITLE = "8. Without centering: the mean shift"
 CLAIM = (
@@ -28,6 +28,7 @@ FORMULA = (
     r"\big[\log\pi_\theta(y\mid x)\big]=\mathbb{E}_{\text{data}}\Big[\sum_t m_i(s_t)\Big]$$"
 )
 CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
+missing = no_response  # what the analysis must carry for this slide to teach
 
 # A note in the plot's top-left corner, where no curve starts.
 CORNER_NOTE = {"showarrow": False, "xref": "paper", "yref": "paper", "x": 0.02, "y": 0.98, "xanchor": "left"}

@@ -23,7 +23,7 @@ from frontend.plots import (
     positive_or_none,
     response_labels,
 )
-from frontend.slides.common import num
+from frontend.slides.common import no_response, num
 
 TITLE = "9. The same cost, booked as a χ² signal"
 CLAIM = (
@@ -35,6 +35,7 @@ FORMULA = (
 )
 Range = tuple[int, int]
 CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
+missing = no_response  # what the analysis must carry for this slide to teach
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from frontend.plots import LAYOUT, Summary, token_label
-from frontend.slides.common import first_position, sampler_settings
+from frontend.slides.common import first_position, no_shift, sampler_settings
 
 TITLE = "10. Sparsity is not a defect"
 CLAIM = "Under training–inference mismatch, centering is what keeps numerical noise out of the update."
@@ -25,6 +25,7 @@ FORMULA = (
     r"\qquad m_c=\big(\mu(c)-p(c)\big)\,h$$"
 )
 CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the toggle says
+missing = no_shift  # what the analysis must carry for this slide to teach
 
 
 @dataclass(frozen=True)
