@@ -3,6 +3,9 @@
 Starts `fisherscope serve` (embedded mode) on a free port with a temporary results folder, opens the
 dashboard in headless Debian Chromium and saves, to docs/screenshots/smollm2/:
 
+- landing/slide01.png ... slide10.png: the first page a person sees, the essays' example that
+  `fisherscope serve` computes at start ("She drank a cup of" + " tea with her", a reward over ' tea'
+  and ' coffee', temperature 0.7, top-k 50), at every slide.
 - slide01.png ... slide10.png: the page (controls with the drawn response's chips, and the slide) for a
   response of 8 tokens sampled (seed 0) after "She drank a cup of" at temperature 0.7, top-k 50, with a
   reward of 1 on ' tea', exact. One analysis for all ten slides, chosen so that each has something to
@@ -45,7 +48,7 @@ VIEW = {  # the sampled analysis every slide is shown on
     "prefix": LANDING_PREFIX,
     "temperature": "0.7",
     "top_k": "50",
-    "reward": " tea:1",
+    "reward": " tea=1",
     "sample_seed": "0",
     "sample_tokens": "8",
 }
@@ -82,6 +85,18 @@ def shoot_slides(page, base: str, model: str, out: Path, slides: list[int]) -> N
     """The controls and the slide, down to the export row (the explorer has its own picture)."""
     for slide in slides:
         page.goto(view_url(base, model, slide))
+        wait_until_drawn(page)
+        bottom = page.locator(".exports").bounding_box()
+        path = out / f"slide{slide:02d}.png"
+        page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": 1500, "height": bottom["y"] + 50})
+        print(f"{shown(path)}: {page.inner_text('#slide-reading')}", flush=True)
+
+
+def shoot_landing(page, base: str, model: str, out: Path, slides: list[int]) -> None:
+    """The landing example (a link without a prefix opens it) at each slide."""
+    out.mkdir(parents=True, exist_ok=True)
+    for slide in slides:
+        page.goto(f"{base}/?{urlencode({'model': model, 'slide': str(slide)})}")
         wait_until_drawn(page)
         bottom = page.locator(".exports").bounding_box()
         path = out / f"slide{slide:02d}.png"
@@ -140,6 +155,7 @@ def shoot(base: str, model: str, out: Path, slides: list[int]) -> None:
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        shoot_landing(page, base, model, out / "landing", slides)
         shoot_slides(page, base, model, out, slides)
         if sorted(slides) == list(SLIDES):
             shoot_explorer(page, base, model, out)

@@ -330,6 +330,11 @@ def test_dashboard_in_a_real_browser(service: Service, browser):
     page.wait_for_selector("#token-chips .chip")
     assert page.locator("#token-chips .chip").count() >= 4
     page.click("#run")
+    # the landing has a continuation too: wait for the link of the view drawn to be the new one
+    page.wait_for_function(
+        "() => (document.querySelector('#share-link')?.value || '').includes('continuation=+coffee+and')",
+        timeout=240_000,
+    )
     wait_until_done(page, "analysed continuation:")
     assert page.inner_text("#landing-note") == ""
     assert page.inner_text("#slide-counter") == "1 / 10"
@@ -347,7 +352,8 @@ def test_dashboard_in_a_real_browser(service: Service, browser):
     )
     uncentered = slide_values(page)
     assert set(uncentered) == set(centered)
-    assert all(uncentered[name] >= centered[name] for name in centered)
+    below = {name: (value, uncentered[name]) for name, value in centered.items() if uncentered[name] < value}
+    assert not below, below
     assert any(uncentered[name] > centered[name] for name in centered)
     page.click("#centering label:has-text('centered (Fisher)')")
 
@@ -546,6 +552,11 @@ def test_a_sampled_response_on_smollm2(service: Service, browser):
     wait_until_done(again, timeout_ms=60_000)
     assert again.inner_text("#progress-stage") == "cached" and service.engine_runs() == runs
     page.fill("#method", "truncated:0.02")
+    # the model's own distribution, no reward: the landing's off-policy sampler would add the 576
+    # directions of the Fisher under p (rho) at all 16 positions
+    page.fill("#temperature", "1")
+    page.fill("#top_k", "")
+    page.fill("#reward", "")
     sample(page, seed=0, tokens=16, timeout_ms=600_000)
     analysis = service.analysis(sampled_request("smollm2-135m", 0, 16, method="truncated:0.02"))
     drawn = analysis["request"]["continuation_ids"]
@@ -598,7 +609,7 @@ def test_the_landing_page_teaches_on_every_slide(tmp_path, browser):
         watch = Watch()
         page = open_page(browser, watch, f"{url}/")
         wait_for_restore(page)
-        wait_until_done(page, "analysed continuation: 3 tokens")
+        wait_until_done(page, "analysed continuation: 3 tokens", timeout_ms=600_000)  # a busy CPU
         assert page.input_value("#prefix") == LANDING_PREFIX
         assert "type your own prefix" in page.inner_text("#landing-note")
         assert httpx.get(f"{url}/api/v1/stats").json()["engine_runs"] == 1  # serve's, none for the page
