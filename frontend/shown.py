@@ -10,24 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from frontend.plots import token_label
-from frontend.state import DashboardState, format_reward, parse_query, to_query
+from frontend.state import ANALYSIS_FIELDS, DashboardState, format_reward, parse_query, to_query
 
-# The fields that make an analysis; slide, centering and the compare panel only change the view.
-ANALYSIS_FIELDS = (
-    "model",
-    "prefix",
-    "continuation",
-    "sample_seed",
-    "sample_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "engine",
-    "sampler",
-    "data_token",
-    "reward",
-    "method",
-)
 FIELD_WORDS = {"sample_seed": "sample seed", "sample_tokens": "sample length", "data_token": "data token"}
 
 

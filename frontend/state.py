@@ -75,6 +75,25 @@ def is_landing(query: str) -> bool:
     return "prefix" not in dict(parse_qsl(query.lstrip("?"), keep_blank_values=True))
 
 
+# The fields that make an analysis, in the order the controls show them; slide, centering and the
+# compare panel only change the view.
+ANALYSIS_FIELDS = (
+    "model",
+    "prefix",
+    "continuation",
+    "sample_seed",
+    "sample_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "engine",
+    "sampler",
+    "data_token",
+    "reward",
+    "method",
+)
+
+
 def landing_state() -> DashboardState:
     """The essays' example (backend.vocabulary). Its request is the one `fisherscope serve` computes at
     start, so a first visit reads it from the cache."""

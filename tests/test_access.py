@@ -13,9 +13,9 @@ import redis
 from fastapi.testclient import TestClient
 
 from backend.main import create_app
-from backend.settings import Settings
 from frontend.api_client import ApiClient
 from frontend.server_guard import basic_header
+from tests.service_settings import folder_settings
 from workers.cli import main
 from workers.serve import build_app, exposure_problem, served_settings
 
@@ -26,9 +26,7 @@ STUDY = {"model": "tiny-random", "prompts": [{"prompt": "Two plus three is", "ta
 EXPORT = "/api/v1/analyses/" + "0" * 64 + "/safetensors"
 
 
-def settings(tmp_path: Path, **overrides) -> Settings:
-    folders = {name: tmp_path / name for name in ("results_dir", "exports_dir", "studies_dir")}
-    return Settings(**{"redis_url": None, "landing_analysis": False, **folders, **overrides})
+settings = folder_settings
 
 
 def api(tmp_path: Path, **overrides) -> TestClient:

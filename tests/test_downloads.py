@@ -19,25 +19,18 @@ from safetensors.torch import load
 from backend.main import create_app
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, ThreadQueue
 from backend.schemas import AnalysisJob
-from backend.settings import Settings
 from backend.store import RedisStore
+from tests.service_settings import folder_settings
 from tests.test_redis_e2e import ensure_tiny, wait_done
 from workers import jobs
 from workers.serve import embedded_api
 
 REDIS_URL = "redis://127.0.0.1:6379/13"
 BODY = {"model": "tiny-random", "prefix": "She drank a cup of", "continuation": " coffee"}
-ALL_STATS = "fisher,uncentered,raw,mean_shift,common,rho,policy_grad,bound"
+ALL_STATS = ",".join(STATS)
 
 
-def _settings(tmp_path: Path, **fields) -> Settings:
-    return Settings(
-        results_dir=tmp_path / "results",
-        exports_dir=tmp_path / "exports",
-        studies_dir=tmp_path / "studies",
-        landing_analysis=False,
-        **fields,
-    )
+_settings = folder_settings
 
 
 def _client(app) -> TestClient:

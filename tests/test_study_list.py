@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from backend.main import create_app
 from backend.queue import JobQueue
-from backend.settings import Settings
 from backend.store import LocalStore, RedisStore, Store
+from tests.service_settings import folder_settings
 from tests.test_redis_e2e import ensure_tiny
 from tests.test_study_api import wait_study
 from workers.serve import embedded_api
@@ -30,14 +30,7 @@ class NoWorker(JobQueue):
         pass
 
 
-def _settings(tmp_path: Path, **fields) -> Settings:
-    return Settings(
-        results_dir=tmp_path / "results",
-        exports_dir=tmp_path / "exports",
-        studies_dir=tmp_path / "studies",
-        landing_analysis=False,
-        **fields,
-    )
+_settings = folder_settings
 
 
 def check_recent_index(store: Store) -> None:

@@ -12,24 +12,9 @@ from urllib.parse import urlencode
 
 from dash import html
 
-from frontend.state import B_FIELDS, DashboardState, format_reward, parse_query
+from frontend.state import ANALYSIS_FIELDS, B_FIELDS, DashboardState, format_reward, parse_query
 
-CONTROL_IDS = [
-    "model",
-    "prefix",
-    "continuation",
-    "sample_seed",
-    "sample_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "engine",
-    "sampler",
-    "data_token",
-    "reward",
-    "method",
-    "centering",
-]
+CONTROL_IDS = [*ANALYSIS_FIELDS, "centering"]  # the controls that make an analysis, and the view's
 # The compare panel's fields: empty (None, "") means "as A"; b_top_k takes "off" for no truncation.
 B_CONTROL_IDS = [f"b_{key}" for key in B_FIELDS]
 ALL_CONTROL_IDS = CONTROL_IDS + B_CONTROL_IDS
