@@ -20,6 +20,7 @@ from backend.main import create_app
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, ThreadQueue
 from backend.schemas import AnalysisJob
 from backend.store import RedisStore
+from backend.vocabulary import STATS
 from tests.service_settings import folder_settings
 from tests.test_redis_e2e import ensure_tiny, wait_done
 from workers import jobs
