@@ -96,10 +96,8 @@ def slide_view(summary: dict | None, slide: int, centering: str, why: str = NOTH
 def example_offer(summary: dict | None, slide: int) -> list:
     """What this analysis lacks for the slide, and a link to the essays' example that has it (a link
     without a prefix opens the landing example; its model and this slide are kept)."""
-    module = SLIDES[max(1, min(N_SLIDES, slide)) - 1]
-    missing = getattr(module, "missing", None)
-    reason = missing(summary) if summary and missing else None
-    if reason is None:
+    missing = getattr(SLIDES[max(1, min(N_SLIDES, slide)) - 1], "missing", None)
+    if not summary or missing is None or (reason := missing(summary)) is None:
         return []
     href = "?" + urlencode({"model": summary["model"]["id"], "slide": slide})
     return [
