@@ -230,3 +230,14 @@ def test_rewarded_candidate_chips_are_marked_with_their_value():
     chips = candidate_chips({"positions": [{"p": {"top": top}}]}, parse_reward(" tea=1")[0])
     assert [chip.className for chip in chips] == ["chip candidate rewarded", "chip candidate"]
     assert chips[0].children.endswith("= 1") and "click to remove" in chips[0].title
+
+
+def test_a_new_prefix_runs_without_the_landing_response():
+    from backend.vocabulary import LANDING_CONTINUATION, LANDING_PREFIX
+    from frontend.callbacks.run import is_landing_response_elsewhere
+
+    assert not is_landing_response_elsewhere({"prefix": LANDING_PREFIX, "continuation": LANDING_CONTINUATION})
+    assert is_landing_response_elsewhere(
+        {"prefix": "The capital of France is", "continuation": LANDING_CONTINUATION}
+    )
+    assert not is_landing_response_elsewhere({"prefix": "The capital of France is", "continuation": " Paris"})

@@ -18,6 +18,7 @@ import dash
 from dash import Input, Output, State, ctx, html
 from dash.exceptions import PreventUpdate
 
+from backend.vocabulary import LANDING_CONTINUATION, LANDING_PREFIX
 from frontend.api_client import ApiClient, ApiError
 from frontend.callbacks.controls import CONTROL_IDS, message_block, state_from_controls
 from frontend.handles import (
@@ -75,6 +76,12 @@ def post(api: ApiClient, state: DashboardState) -> Handle:
     return handle_from(body, body["id"], cached, sample=sample_of(state), query=analysis_query(state))
 
 
+def is_landing_response_elsewhere(controls: dict[str, Any]) -> bool:
+    """The essays' example's response still in the box under a prefix the reader typed: a response
+    is a response to its own prefix, so a new prefix runs without it (the reader's own stays)."""
+    return controls.get("continuation") == LANDING_CONTINUATION and controls.get("prefix") != LANDING_PREFIX
+
+
 def register_submit(app: dash.Dash, api: ApiClient) -> None:
     """The Run and Sample buttons, or a link's autorun: validate the controls and POST the analysis."""
 
@@ -101,6 +108,9 @@ def register_submit(app: dash.Dash, api: ApiClient) -> None:
         if ctx.triggered_id == "sample":
             controls = sampled(controls)
             shown = ("", controls["sample_seed"])
+        elif by_hand and is_landing_response_elsewhere(controls):
+            controls = {**controls, "continuation": ""}  # the landing's response belongs to its prefix
+            shown = ("", dash.no_update)
         state, errors = state_from_controls(list(controls.values()), values[-1])
         if not state.prefix:
             errors.append("type a prefix, e.g. 'She drank a cup of'")
