@@ -264,7 +264,32 @@ class AnalysisService:
             PositionEntry(index=p["index"], context_length=p["context_length"], target=p.get("target"))
             for p in positions
         ]
-        return {**summary, "positions": positions[:1], "position_index": [e.model_dump() for e in index]}
+        return {
+            **summary,
+            "positions": positions[:1],
+            "position_index": [e.model_dump() for e in index],
+            "vocabulary": self._row_tokens(summary),
+        }
+
+    def _row_tokens(self, summary: dict) -> dict[str, str]:
+        """The token of every vocabulary row among the top coordinates (embedding, output layer), by
+        id, so a reader sees ' Paris' where the row index is 7042. Empty when the model's tokenizer is
+        no longer here: the ids still stand."""
+        model = summary.get("model") or {}
+        shapes = {t["name"]: t.get("shape") or [] for t in summary.get("tensors") or []}
+        rows = {
+            int(c["index"][0])
+            for coordinates in (summary.get("top_coordinates") or {}).values()
+            for c in coordinates
+            if c.get("index") and (shapes.get(c.get("tensor")) or [None])[0] == model.get("vocab_size")
+        }
+        if not rows:
+            return {}
+        try:
+            _, codec = self.resolve_model(str(model.get("id")))
+        except Exception:  # removed, or no longer allowed: the dashboard names rows by id
+            return {}
+        return {str(row): codec.token_text(row) for row in sorted(rows)}
 
     def position(self, analysis_id: str, index: int) -> dict:
         _, summary = self.summary(analysis_id)

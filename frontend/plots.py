@@ -115,9 +115,10 @@ def small_title(text: str) -> dict[str, Any]:
 
 
 def vocabulary(summary: Summary) -> dict[int, str]:
-    """The token texts the summary itself carries, by id: the prefix, the response, and each
-    position's top next tokens and output rows (where the largest Fisher of a vocabulary-sized tensor
-    sits: the tokens fed in and the tokens the sampler hesitates between)."""
+    """The token texts the summary carries, by id: the prefix, the response, each position's top next
+    tokens and output rows (where the largest Fisher of a vocabulary-sized tensor sits: the tokens fed
+    in and the tokens the sampler hesitates between), and the rows of the top coordinates that the
+    API's overview names (`vocabulary`)."""
     tokens = summary.get("tokens") or {}
     known: dict[int, str] = {}
     pieces = [*(tokens.get("prefix") or []), *(tokens.get("continuation") or [])]
@@ -127,6 +128,8 @@ def vocabulary(summary: Summary) -> dict[int, str]:
     for piece in pieces:
         if "id" in piece and "text" in piece:
             known.setdefault(int(piece["id"]), str(piece["text"]))
+    for token_id, text in (summary.get("vocabulary") or {}).items():  # the API's, for top coordinates
+        known.setdefault(int(token_id), str(text))
     return known
 
 

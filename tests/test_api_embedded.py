@@ -171,3 +171,26 @@ def test_overview_positions_and_compare_of_two_analyses(tmp_path: Path) -> None:
     totals = {t["name"]: t["totals"]["fisher"] for t in full["tensors"]}
     assert all(pair["a"]["fisher"] == totals[pair["name"]] for pair in compared["tensors"])
     assert client.get("/api/v1/compare", params={"a": ids[0], "b": "0" * 64}).status_code == 404
+
+
+def test_the_overview_names_every_vocabulary_row_among_the_top_coordinates(tmp_path: Path) -> None:
+    from backend.registry import tokenizer_path
+    from backend.tokens import TokenCodec
+
+    settings = Settings(redis_url=None, results_dir=tmp_path / "results", exports_dir=tmp_path / "exports")
+    client = TestClient(embedded_api(settings))
+    analysis_id = client.post("/api/v1/analyses", json={"model": "tiny-random", "prefix": "Tea or"}).json()[
+        "id"
+    ]
+    assert wait_done(client, analysis_id)["status"] == "done"
+    overview = client.get(f"/api/v1/analyses/{analysis_id}/overview").json()
+    vocab = overview["model"]["vocab_size"]
+    shapes = {t["name"]: t["shape"] for t in overview["tensors"]}
+    rows = {
+        c["index"][0]
+        for coordinates in overview["top_coordinates"].values()
+        for c in coordinates
+        if shapes[c["tensor"]][0] == vocab
+    }
+    codec = TokenCodec.from_file(tokenizer_path("tiny-random"))
+    assert rows and overview["vocabulary"] == {str(row): codec.token_text(row) for row in sorted(rows)}

@@ -620,3 +620,8 @@ def test_vocabulary_rows_are_named_by_their_tokens(summary):
 def test_every_layer_is_labelled(summary):
     figure = explorer.layer_mass(summary, "on")
     assert (figure.layout.xaxis.tickmode, figure.layout.xaxis.dtick) == ("linear", 1)
+
+
+def test_the_vocabulary_takes_the_rows_the_api_names():
+    summary = {"tokens": {"prefix": [{"id": 1, "text": "She"}]}, "vocabulary": {"7042": " Paris", "1": "x"}}
+    assert plots.vocabulary(summary) == {1: "She", 7042: " Paris"}  # the summary's own text first
