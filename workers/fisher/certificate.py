@@ -210,11 +210,12 @@ def _compare_moments(
     )
     certificate.worst_parameter = worst_name
     if not worst <= certificate.tolerance:
-        certificate.failing_module = worst_name.rsplit(".", 1)[0]
-        certificate.reason = (
-            f"module {certificate.failing_module}: the engine's sensitivities of {worst_name} differ "
-            f"from autograd by {worst:.2g} (relative, tolerance {certificate.tolerance:g}); the module "
-            "uses its parameters in a way the engine does not see"
+        _fail_at(
+            certificate,
+            worst_name,
+            f"the engine's sensitivities of {worst_name} differ from autograd by {worst:.2g} (relative, "
+            f"tolerance {certificate.tolerance:g}); the module uses its parameters in a way the engine "
+            "does not see",
         )
         return
     certificate.passed = True
@@ -250,14 +251,16 @@ def _refuse_non_finite_tensors(
     """Fail the certificate at the first parameter whose ``label`` holds a NaN or an infinity."""
     for name, tensor in tensors.items():
         if not bool(torch.isfinite(tensor).all()):
-            certificate.worst_parameter = name
-            certificate.failing_module = name.rsplit(".", 1)[0]
-            certificate.reason = (
-                f"module {certificate.failing_module}: {label} of {name} are not finite "
-                f"({_non_finite_summary(tensor)})"
-            )
+            _fail_at(certificate, name, f"{label} of {name} are not finite ({_non_finite_summary(tensor)})")
             return True
     return False
+
+
+def _fail_at(certificate: Certificate, name: str, what: str) -> None:
+    """Fail the certificate at parameter ``name``: its module is named first in the reason."""
+    certificate.worst_parameter = name
+    certificate.failing_module = name.rsplit(".", 1)[0]
+    certificate.reason = f"module {certificate.failing_module}: {what}"
 
 
 def _refuse_non_finite_parameters(model: nn.Module, certificate: Certificate) -> bool:
@@ -267,11 +270,8 @@ def _refuse_non_finite_parameters(model: nn.Module, certificate: Certificate) ->
         return False
     name, param = bad[0]
     more = f" (and {len(bad) - 1} more parameter tensors)" if len(bad) > 1 else ""
-    certificate.worst_parameter = name
-    certificate.failing_module = name.rsplit(".", 1)[0]
-    certificate.reason = (
-        f"module {certificate.failing_module}: parameter {name} is not finite "
-        f"({_non_finite_summary(param.detach())}){more}"
+    _fail_at(
+        certificate, name, f"parameter {name} is not finite ({_non_finite_summary(param.detach())}){more}"
     )
     return True
 
