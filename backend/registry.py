@@ -19,12 +19,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from backend.schemas import ENGINE_VERSION
-from backend.vocabulary import MODEL_ID_RULE, is_model_id
+from backend.vocabulary import is_model_id
 
 CACHE_ENV = "FISHERSCOPE_CACHE"
-# An id is a folder name in the cache and a path segment in URLs: no '..', no leading or trailing
-# punctuation, so that every id that can be added can also be used and removed.
-ID_RULE = MODEL_ID_RULE
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_NAME = "tokenizer.json"
 CERTIFICATES = "certificates"
@@ -104,11 +101,6 @@ class ModelInfo:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
-def is_valid_id(model_id: str) -> bool:
-    """Whether ``model_id`` may name a model: see ID_RULE."""
-    return is_model_id(model_id)
-
-
 def cache_dir() -> Path:
     """Root of the model cache: ``$FISHERSCOPE_CACHE`` or ``~/.cache/fisherscope``."""
     configured = os.environ.get(CACHE_ENV)
@@ -135,7 +127,7 @@ def registered_ids() -> list[str]:
         return []
     found = []
     for folder in root.iterdir():
-        if is_valid_id(folder.name) and folder.name not in BUILTIN:
+        if is_model_id(folder.name) and folder.name not in BUILTIN:
             manifest = _manifest(folder)
             if manifest is not None and manifest.get("registered"):
                 found.append(folder.name)
@@ -150,7 +142,7 @@ def list_models() -> list[str]:
 def check_id(model_id: str) -> str:
     """``model_id`` if it is built in or registered; raises UnknownModel otherwise."""
     if model_id in BUILTIN or (
-        is_valid_id(model_id) and (_manifest(cache_dir() / model_id) or {}).get("registered")
+        is_model_id(model_id) and (_manifest(cache_dir() / model_id) or {}).get("registered")
     ):
         return model_id
     raise UnknownModel(model_id)
@@ -158,14 +150,14 @@ def check_id(model_id: str) -> str:
 
 def model_dir(model_id: str) -> Path:
     """Folder of an id in the cache (a built-in id's may not exist yet)."""
-    if not is_valid_id(model_id):
+    if not is_model_id(model_id):
         raise UnknownModel(model_id)
     return cache_dir() / model_id
 
 
 def is_available(model_id: str) -> bool:
     """True when the id's folder is complete (its manifest is written last)."""
-    return is_valid_id(model_id) and (model_dir(model_id) / MANIFEST_NAME).is_file()
+    return is_model_id(model_id) and (model_dir(model_id) / MANIFEST_NAME).is_file()
 
 
 def model_info(model_id: str) -> ModelInfo:

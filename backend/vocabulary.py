@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-# A model id: what the HTTP API accepts in place of a path (built-in and registered ids alike).
+# A model id: what the HTTP API accepts in place of a path (built-in and registered ids alike). It is a
+# folder name in the cache and a path segment in URLs: no '..', no leading or trailing punctuation, so
+# that every id that can be added can also be used and removed.
 MODEL_ID = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?")
 MODEL_ID_RULE = (
     "1-64 characters of a-z, 0-9, '.', '_', '-', starting and ending with a letter or digit, without '..'"

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from backend import registry
 from backend.schemas import ENGINE_VERSION
+from backend.vocabulary import is_model_id
 from tests.tiny_models import BUDGET, FAMILIES, randomize, save_tiny_tokenizer, tiny_model
 from workers.cli import main
 from workers.fisher.certificate import certify
@@ -302,4 +303,4 @@ def test_ids_that_could_not_be_used_or_removed_are_refused(model_id, cache, caps
 def test_good_ids_pass_the_id_check(model_id, cache, capsys):
     code, _, err = add(capsys, model_id, "/nowhere")
     assert code == 2 and "no such folder" in err  # past the id, refused for the source
-    assert registry.is_valid_id(model_id)
+    assert is_model_id(model_id)

@@ -35,10 +35,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _models_add(args: argparse.Namespace) -> int:
-    from backend.registry import ID_RULE, is_valid_id
+    from backend.vocabulary import MODEL_ID_RULE, is_model_id
 
-    if not is_valid_id(args.id):  # before torch is imported: a typo costs no seconds
-        raise UsageError(f"model id {args.id!r} must be {ID_RULE}")
+    if not is_model_id(args.id):  # before torch is imported: a typo costs no seconds
+        raise UsageError(f"model id {args.id!r} must be {MODEL_ID_RULE}")
     quiet_transformers()
     from workers.models.register import add_model
 

@@ -16,16 +16,15 @@ from pathlib import Path
 from backend.registry import (
     BUILTIN,
     COMPUTE_DTYPES,
-    ID_RULE,
     TOKENIZER_NAME,
     ModelInfo,
     UnknownModel,
     is_available,
-    is_valid_id,
     model_dir,
     model_info,
     registered_ids,
 )
+from backend.vocabulary import MODEL_ID_RULE, is_model_id
 from workers.models.folder import describe_folder, staged, write_manifest
 from workers.models.loading import (
     LoadedModel,
@@ -84,8 +83,8 @@ def remove_model(model_id: str) -> None:
 
 
 def _check_new_id(model_id: str) -> None:
-    if not is_valid_id(model_id):
-        raise RegistryError(f"model id {model_id!r} must be {ID_RULE}")
+    if not is_model_id(model_id):
+        raise RegistryError(f"model id {model_id!r} must be {MODEL_ID_RULE}")
     if model_id in BUILTIN:
         raise RegistryError(f"{model_id} is a built-in id; choose another")
     if is_available(model_id) or model_dir(model_id).exists():
