@@ -6,6 +6,7 @@ Why its own module: the route, the service and the dashboard's URL all speak thi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from backend.normalize import RequestError
@@ -15,6 +16,7 @@ from backend.vocabulary import STATS
 FLOAT16_MAX = 65504.0  # the largest finite float16; larger magnitudes would round to inf
 BYTES_PER_VALUE = {ExportDtype.float16: 2, ExportDtype.float32: 4}
 MAX_SELECTORS = 64
+EXPORT_FIELD_PREFIX = "export:"  # an analysis's record keeps one field per download choice
 
 
 def _items(text: str) -> list[str]:
@@ -68,3 +70,22 @@ def overflow_detail(stat: str, peak: float) -> str:
         f"{stat} reaches {peak:.3g} in magnitude, beyond float16's largest value {FLOAT16_MAX:g} (it would "
         "be written as inf); ask for dtype=float32"
     )
+
+
+def export_key(choice: ExportChoice) -> str:
+    """The field of an analysis's record that tracks one choice's file: queued, running, done, failed."""
+    return EXPORT_FIELD_PREFIX + choice.slug()
+
+
+def export_record(
+    choice: ExportChoice, status: str, error: str | None = None, overflow: bool = False
+) -> dict:
+    """What that field holds: the API writes it queued, the worker running, then done or failed.
+    ``overflow``: failed because float16 cannot hold the values, which asking again does not change."""
+    record = {
+        "status": status,
+        "started": time.time(),
+        "choice": choice.model_dump(mode="json"),
+        "error": error,
+    }
+    return {**record, "overflow": True} if overflow else record

@@ -17,7 +17,7 @@ from backend import registry
 from backend.compare import set_comparison, tensor_pairs
 from backend.cost import cheaper_methods, estimate_cost
 from backend.disk import mark_used
-from backend.export_choice import BYTES_PER_VALUE, check_selects_something
+from backend.export_choice import BYTES_PER_VALUE, check_selects_something, export_key, export_record
 from backend.fastjson import is_strict_json_object, loads
 from backend.normalize import RequestError, check_model_id, check_text, normalize
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, JobQueue
@@ -50,8 +50,7 @@ from backend.vocabulary import STATS, TOP_FRACTIONS
 _NULL_RESULT_TAIL = b',"result":null}'
 # ... and a running analysis's latest partial result is spliced in the same way, before it.
 _NULL_PARTIAL_TAIL = b',"partial":null,"result":null}'
-SUMMARIES_KEPT = 16
-EXPORT_FIELD_PREFIX = "export:"  # parsed finished summaries kept for the per-position and compare views
+SUMMARIES_KEPT = 16  # parsed finished summaries kept for the per-position and compare views
 
 
 class ServiceError(Exception):
@@ -380,8 +379,7 @@ class AnalysisService:
             return self.get(analysis_id)
         if not start:
             return None
-        queued = {"status": "queued", "started": time.time(), "choice": choice.model_dump(mode="json")}
-        self.store.update_meta(analysis_id, **{key: queued})
+        self.store.update_meta(analysis_id, **{key: export_record(choice, "queued")})
         job = AnalysisJob.model_validate(meta["request"])
         # the job names the analysis; the worker writes every choice queued in its record
         self.queue.enqueue(EXPORT_FUNCTION, job.model_dump(mode="json"), analysis_id)
@@ -413,11 +411,6 @@ def queued_meta(job: AnalysisJob, estimate: CostEstimate | None) -> dict:
         "cost": None if estimate is None else estimate.model_dump(),
         "created": time.time(),
     }
-
-
-def export_key(choice: ExportChoice) -> str:
-    """The field of an analysis's record that tracks one choice's file: queued, running, done, failed."""
-    return EXPORT_FIELD_PREFIX + choice.slug()
 
 
 def _check_stat(stat: str) -> None:

@@ -12,15 +12,15 @@ import contextlib
 import math
 import os
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from backend.cost import estimate_cost
 from backend.disk import evict_to_budget
+from backend.export_choice import EXPORT_FIELD_PREFIX, export_record
 from backend.schemas import AnalysisJob, ExportChoice
-from backend.service import EXPORT_FIELD_PREFIX, queued_meta
+from backend.service import queued_meta
 from backend.settings import Settings, get_settings
 from backend.store import RedisStore, Store
 from backend.vocabulary import EngineKind
@@ -235,12 +235,12 @@ def execute_export(
     if not queued:  # another job took them (one job is queued per choice, the first writes them all)
         return []
     for key, choice in queued.items():
-        store.update_meta(analysis_id, **{key: _export_record(choice, "running")})
+        store.update_meta(analysis_id, **{key: export_record(choice, "running")})
     try:
         analysis = analyze_job(load_for(job, pool or model_pool()), job, settings)
     except Exception as error:
         for key, choice in queued.items():
-            store.update_meta(analysis_id, **{key: _export_record(choice, "failed", _reason(error))})
+            store.update_meta(analysis_id, **{key: export_record(choice, "failed", _reason(error))})
         return []
     return [
         path
@@ -263,26 +263,14 @@ def _write_choice(
         partial.replace(target)
         evict_to_budget(settings.exports_dir, settings.exports_budget_bytes, keep=target)
     except Float16Overflow as error:  # permanent: the API answers it as a 422 asking for float32
-        store.update_meta(analysis_id, **{key: _export_record(choice, "failed", str(error), overflow=True)})
+        store.update_meta(analysis_id, **{key: export_record(choice, "failed", str(error), overflow=True)})
         return None
     except Exception as error:
         partial.unlink(missing_ok=True)
-        store.update_meta(analysis_id, **{key: _export_record(choice, "failed", _reason(error))})
+        store.update_meta(analysis_id, **{key: export_record(choice, "failed", _reason(error))})
         return None
-    store.update_meta(analysis_id, **{key: _export_record(choice, "done")})
+    store.update_meta(analysis_id, **{key: export_record(choice, "done")})
     return target
-
-
-def _export_record(
-    choice: ExportChoice, status: str, error: str | None = None, overflow: bool = False
-) -> dict:
-    record = {
-        "status": status,
-        "started": time.time(),
-        "choice": choice.model_dump(mode="json"),
-        "error": error,
-    }
-    return {**record, "overflow": True} if overflow else record
 
 
 def _reason(error: BaseException) -> str:
