@@ -41,15 +41,15 @@ def export_tensors(sums: MomentSums, choice: ExportChoice) -> tuple[dict[str, to
         for name, value in sums.iter_stat(stat):
             if not choice.selects(name):
                 continue
-            exact = value.float()
+            exact = value.detach().to(device="cpu", dtype=torch.float32)
             if dtype == torch.float16:
                 peak = float(exact.abs().max()) if exact.numel() else 0.0
                 if peak > FLOAT16_MAX:
                     raise Float16Overflow(overflow_detail(stat, peak))
-            written = exact.to(dtype).contiguous().cpu()  # a copy: stats sharing storage stay apart
+            written = exact.to(dtype, copy=True).contiguous()  # a copy: stats sharing storage stay apart
             if dtype == torch.float16:
-                flushed[stat] += int(((written == 0) & (exact.cpu() != 0)).sum())
-            tensors[f"{stat}/{name}"] = written.clone() if written.data_ptr() == value.data_ptr() else written
+                flushed[stat] += int(((written == 0) & (exact != 0)).sum())
+            tensors[f"{stat}/{name}"] = written
     return tensors, flushed
 
 
