@@ -21,7 +21,7 @@ DONE, FAILED, RUNNING = "done", "failed", "running"
 
 def handle_from(
     body: dict[str, Any],
-    request_id: str,
+    request_id: str | None,
     cached: bool = False,
     sample: dict[str, int] | None = None,
     query: str | None = None,
@@ -58,17 +58,7 @@ def handle_from(
 
 def refused(error: str, query: str | None = None) -> Handle:
     """The handle of a request the API refused before any analysis existed: failed, with no id."""
-    return {
-        "request": None,
-        "id": None,
-        "status": FAILED,
-        "progress": 0.0,
-        "stage": "failed",
-        "kept_share": None,
-        "error": error,
-        "sample": None,
-        "query": query,
-    }
+    return handle_from({"id": None, "status": FAILED, "error": error}, None, query=query)
 
 
 def view_of(handle: Handle | None) -> View | None:
