@@ -137,9 +137,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _every_address(host: str) -> bool:
+    """A bind to every interface: no name a browser would use."""
+    return host.strip("[]") in ("0.0.0.0", "::", "")
+
+
 def _own_url(host: str, port: int) -> str:
     """Where the dashboard reaches the API of its own process: loopback when bound to every address."""
-    if host.strip("[]") in ("0.0.0.0", "::", ""):
+    if _every_address(host):
         host = "127.0.0.1"
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
@@ -149,7 +154,7 @@ def _own_url(host: str, port: int) -> str:
 def served_settings(settings: Settings, host: str) -> Settings:
     """The settings with the bound address among the allowed hosts (a browser may use it as the name)."""
     name = host.strip("[]").lower()
-    if name in ("0.0.0.0", "::", "") or name in settings.allowed_hosts:
+    if _every_address(host) or name in settings.allowed_hosts:
         return settings
     return settings.model_copy(update={"allowed_hosts": [*settings.allowed_hosts, name]})
 
