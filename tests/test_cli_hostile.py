@@ -17,21 +17,10 @@ from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file
 
 from backend.mask_files import MaskFile, MaskFileError
-from workers.cli import main
+from tests.test_cli import run_cli  # given capfd here: RE2 and other C libraries write at the descriptor
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT = {"prompt": "Q: 2+3=? A:", "target": " five apples"}  # escaped, the target is no group name
-
-
-def run_cli(capfd, *argv: str) -> tuple[int, str, str]:
-    """``fisherscope argv`` in-process: (exit code, stdout, stderr), stderr at the descriptor (RE2 and
-    other C libraries write there)."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capfd.readouterr()
-    return code, captured.out, captured.err
 
 
 def assert_one_line(code: int, err: str, *fragments: str) -> None:
