@@ -10,9 +10,6 @@ API process counts together).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hmac
 import json
 import math
 import time
@@ -21,6 +18,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 from limits import parse_many, storage, strategies
 
+from backend.credentials import presented_token, token_matches
 from backend.settings import Settings
 
 TOKEN_HELP = "send `Authorization: Bearer <FISHERSCOPE_API_TOKEN>` (the operator of this server has it)"
@@ -68,26 +66,6 @@ class HostGuard:
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 400, "headers": head})
         await send({"type": "http.response.body", "body": body})
-
-
-def presented_token(authorization: str | None) -> str | None:
-    """The token of a Bearer header, or the password of a Basic one (what a browser sends)."""
-    if not authorization:
-        return None
-    scheme, _, value = authorization.partition(" ")
-    if scheme.lower() == "bearer":
-        return value.strip()
-    if scheme.lower() == "basic":
-        try:
-            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return decoded.partition(":")[2]
-    return None
-
-
-def token_matches(presented: str | None, expected: str) -> bool:
-    return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
 def _settings(request: Request) -> Settings:

@@ -8,8 +8,6 @@ with an HTML 500 (a KeyError deep inside it): those are refused here with a 4xx 
 
 from __future__ import annotations
 
-import base64
-import hmac
 import logging
 import os
 from typing import Any
@@ -19,6 +17,7 @@ import flask
 from dash.exceptions import DependencyException
 from werkzeug.exceptions import HTTPException
 
+from backend.credentials import presented_token, token_matches
 from frontend.api_client import TOKEN_VARIABLE
 
 CALLBACK_PATH = "_dash-update-component"
@@ -32,7 +31,8 @@ def guard_dash_server(app: dash.Dash, token: str | None = None) -> None:
 
     @server.before_request
     def _check() -> Any:
-        if token is not None and not _basic_password_matches(flask.request.authorization, token):
+        presented = presented_token(flask.request.headers.get("Authorization"))
+        if token is not None and not token_matches(presented, token):
             return _refusal(
                 401,
                 "this dashboard needs the server's API token: give it as the password (any user name)",
@@ -59,13 +59,6 @@ def guard_dash_server(app: dash.Dash, token: str | None = None) -> None:
         if flask.request.path.endswith(CALLBACK_PATH):
             return _refusal(400, f"the dashboard could not use this request's values ({name}); reload")
         return _refusal(500, f"the dashboard failed ({name}); the server's log has the details")
-
-
-def _basic_password_matches(authorization: Any, token: str) -> bool:
-    password = getattr(authorization, "password", None) if authorization is not None else None
-    if password is None and authorization is not None and authorization.token:  # a Bearer header
-        password = authorization.token
-    return password is not None and hmac.compare_digest(password.encode(), token.encode())
 
 
 def callback_problem(app: dash.Dash, body: Any) -> str | None:
@@ -102,8 +95,3 @@ def _refusal(status: int, detail: str, headers: dict[str, str] | None = None) ->
     for name, value in (headers or {}).items():
         response.headers[name] = value
     return response
-
-
-def basic_header(token: str, user: str = "fisherscope") -> str:
-    """The Authorization header a browser sends after the prompt (for clients and tests)."""
-    return "Basic " + base64.b64encode(f"{user}:{token}".encode()).decode()

@@ -12,9 +12,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from backend.credentials import basic_header
 from backend.main import create_app
 from frontend.api_client import ApiClient
-from frontend.server_guard import basic_header
 from tests.service_settings import folder_settings
 from workers.cli import main
 from workers.serve import build_app, exposure_problem, served_settings
