@@ -24,6 +24,11 @@ def is_model_id(model_id: str) -> bool:
     return MODEL_ID.fullmatch(model_id) is not None and ".." not in model_id
 
 
+def model_id_problem(model_id: str) -> str | None:
+    """What is wrong with ``model_id`` as a new id, in a sentence, or None."""
+    return None if is_model_id(model_id) else f"model id {model_id!r} must be {MODEL_ID_RULE}"
+
+
 # Per-parameter statistics (DESIGN.md section 2), in the order summaries and files list them.
 STATS: tuple[str, ...] = (
     "fisher",

@@ -35,10 +35,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _models_add(args: argparse.Namespace) -> int:
-    from backend.vocabulary import MODEL_ID_RULE, is_model_id
+    from backend.vocabulary import model_id_problem
 
-    if not is_model_id(args.id):  # before torch is imported: a typo costs no seconds
-        raise UsageError(f"model id {args.id!r} must be {MODEL_ID_RULE}")
+    problem = model_id_problem(args.id)
+    if problem is not None:  # before torch is imported: a typo costs no seconds
+        raise UsageError(problem)
     quiet_transformers()
     from workers.models.register import add_model
 

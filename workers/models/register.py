@@ -24,7 +24,7 @@ from backend.registry import (
     model_info,
     registered_ids,
 )
-from backend.vocabulary import MODEL_ID_RULE, is_model_id
+from backend.vocabulary import model_id_problem
 from workers.models.folder import describe_folder, staged, write_manifest
 from workers.models.loading import (
     LoadedModel,
@@ -83,8 +83,9 @@ def remove_model(model_id: str) -> None:
 
 
 def _check_new_id(model_id: str) -> None:
-    if not is_model_id(model_id):
-        raise RegistryError(f"model id {model_id!r} must be {MODEL_ID_RULE}")
+    problem = model_id_problem(model_id)
+    if problem is not None:
+        raise RegistryError(problem)
     if model_id in BUILTIN:
         raise RegistryError(f"{model_id} is a built-in id; choose another")
     if is_available(model_id) or model_dir(model_id).exists():
