@@ -7,6 +7,7 @@ SmolLM2 and the deterministic tiny-random model on every machine.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -51,3 +52,24 @@ def float64_reference():
 
     with float64_throughout():
         yield
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Leave at once with pytest's own status, after every report is written.
+
+    Why: the embedded service's worker threads and torch's thread pools may still be alive when the
+    interpreter tears down, and a native library's static destructors then call std::terminate
+    (SIGABRT, exit 134) after all tests passed. Nothing is left to do at that point but exit.
+    """
+    if _EXIT_STATUS in config.stash:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.stash[_EXIT_STATUS])
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
