@@ -25,6 +25,7 @@ from backend.schemas import (
     TopCoordinates,
 )
 from backend.service import AnalysisService, ServiceError
+from backend.store import ENGINE_RUNS, REWARD_REUSES
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "malformed body, or a Host this server does not answer to"},
@@ -203,15 +204,18 @@ def head_safetensors(analysis_id: AnalysisId, choice: Choice, service: Service) 
 
 
 class Stats(BaseModel):
-    """Service counters: `engine_runs` counts analyses the engine computed (cache hits add nothing)."""
+    """Service counters: `engine_runs` counts analyses the engine computed whole, `reward_reuses` those
+    answered from the same analysis under another reward (cache hits add to neither)."""
 
     engine_runs: int
+    reward_reuses: int
 
 
 @api.get("/stats", response_model=Stats)
 def read_stats(service: Service) -> Stats:
     """How often the engine ran, so a client can check that a cached answer computed nothing new."""
-    return Stats(engine_runs=service.store.read_counter("engine_runs"))
+    store = service.store
+    return Stats(engine_runs=store.read_counter(ENGINE_RUNS), reward_reuses=store.read_counter(REWARD_REUSES))
 
 
 @api.get("/models", response_model=list[ModelPublic])

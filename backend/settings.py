@@ -122,6 +122,11 @@ class Settings(BaseSettings):
         """The analysis's top-q Fisher sets, one byte per coordinate (workers.fisher.masks), for compares."""
         return self.exports_dir / "levels" / f"{analysis_id}.u8"
 
+    def fisher_roots_path(self, family: str) -> Path:
+        """What an analysis keeps for a later reward on it (workers.reward_reuse), named by the key of its
+        request without the reward: every request that differs from it in the reward only finds it."""
+        return self.exports_dir / "rewards" / f"{family}.safetensors"
+
     def study_dir(self, study_id: str) -> Path:
         """A study's parts (one file per prompt until they are reduced) and its masks file."""
         return self.studies_dir / study_id

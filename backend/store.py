@@ -28,6 +28,10 @@ LEASE_TTL_S = 10.0
 # Recent-item lists (the studies people find again) keep this many ids; older ones drop off the end.
 RECENT_LIMIT = 50
 RECENT_STUDIES = "studies"
+# counters (``Store.count``): analyses the engine computed whole, and those answered from another
+# reward's analysis (workers.reward_reuse); a cache hit adds to neither
+ENGINE_RUNS = "engine_runs"
+REWARD_REUSES = "reward_reuses"
 WORKER_DIED = (
     "the worker stopped (crashed, was killed or lost its connection) while running this analysis; "
     "POST the same request again to retry"
@@ -106,6 +110,26 @@ class Store(ABC):
 
     @abstractmethod
     def get_pooled_blob(self, analysis_id: str, stat: str, tensor: str) -> bytes | None: ...
+
+    def get_pooled(self, analysis_id: str) -> dict[str, dict[str, dict]] | None:
+        """Every pooled view of a done analysis, as ``save_result`` took them; None when any is gone."""
+        header = self.get_pooled_header(analysis_id)
+        blobs = self._pooled_blobs(analysis_id) if header is not None else None
+        if header is None or blobs is None:
+            return None
+        out: dict[str, dict[str, dict]] = {}
+        for stat, views in header.items():
+            out[stat] = {}
+            for tensor, entry in views.items():
+                blob = blobs.get(f"{stat}/{tensor}")
+                if blob is None:
+                    return None
+                out[stat][tensor] = decode_view(entry, blob)
+        return out
+
+    @abstractmethod
+    def _pooled_blobs(self, analysis_id: str) -> dict[str, bytes] | None:
+        """Every blob of an analysis's pooled views, keyed ``stat/tensor``, in one read."""
 
     @abstractmethod
     def save_partial(self, analysis_id: str, partial: dict) -> None:
@@ -238,6 +262,10 @@ class RedisStore(Store):
 
     def get_pooled_blob(self, analysis_id: str, stat: str, tensor: str) -> bytes | None:
         return self.redis.hget(self._key("pooled", analysis_id), f"{stat}/{tensor}")
+
+    def _pooled_blobs(self, analysis_id: str) -> dict[str, bytes] | None:
+        raw = self.redis.hgetall(self._key("pooled", analysis_id))
+        return {key.decode(): value for key, value in raw.items() if key != b"__header__"} if raw else None
 
     def save_partial(self, analysis_id: str, partial: dict) -> None:
         self.redis.set(self._key("partial", analysis_id), dumps(partial), ex=self.ttl_s)
@@ -378,6 +406,16 @@ class LocalStore(Store):
         names = self._read_json(analysis_id, "pooled/index.json") or {}
         name = names.get(f"{stat}/{tensor}")
         return (self._dir(analysis_id) / "pooled" / name).read_bytes() if name else None
+
+    def _pooled_blobs(self, analysis_id: str) -> dict[str, bytes] | None:
+        names = self._read_json(analysis_id, "pooled/index.json")
+        if names is None:
+            return None
+        folder = self._dir(analysis_id) / "pooled"
+        try:
+            return {key: (folder / name).read_bytes() for key, name in names.items()}
+        except FileNotFoundError:  # evicted while read
+            return None
 
     def save_partial(self, analysis_id: str, partial: dict) -> None:
         with self._lock:

@@ -20,13 +20,16 @@ import torch
 from safetensors.torch import save_file
 
 from backend.vocabulary import STATS, EngineKind, SamplerKind
+from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.methods import Method
-from workers.fisher.model_summary import each_tensor, model_summary
-from workers.fisher.pooling import block_edges, grid_shape, pooled_cells, pooled_view
+from workers.fisher.model_summary import each_tensor, levels_at, model_summary
+from workers.fisher.pooling import pooled_cells, pooled_view, zero_view
 from workers.fisher.position import HeadLayout
 from workers.fisher.position_summary import position_summary
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
 from workers.fisher.response_summary import response_summary
+from workers.fisher.reward_pass import FisherRoots, policy_gradient_pass
+from workers.fisher.reward_summary import RewardParts, reward_entries, reward_vector, summary_with_reward
 from workers.fisher.sampler import SamplerConfig
 from workers.models.loading import LoadedModel
 from workers.process_memory import retain_freed_memory
@@ -48,22 +51,31 @@ class AnalysisRequest:
     method: Method = field(default_factory=Method)
     reward: dict[int, float] = field(default_factory=dict)  # token id -> reward; others 0
 
-    def reward_vector(self, vocab_size: int, device: torch.device) -> torch.Tensor | None:
-        if not self.reward:
-            return None
-        reward = torch.zeros(vocab_size, dtype=torch.float64, device=device)
-        for token, value in self.reward.items():
-            reward[int(token)] = float(value)
-        return reward
-
 
 class Analysis:
     """A finished analysis: the summary JSON plus the per-parameter sums it was drawn from."""
 
-    def __init__(self, request: AnalysisRequest, sequence: SequenceAnalysis, summary: dict):
+    def __init__(
+        self,
+        request: AnalysisRequest,
+        sequence: SequenceAnalysis,
+        summary: dict,
+        fisher_roots: FisherRoots | None = None,
+    ):
         self.request = request
         self.sequence = sequence
         self.summary = summary
+        self.fisher_roots = fisher_roots  # what a later reward reads instead of the Fisher, when kept
+
+    def fisher_levels(self) -> np.ndarray:
+        """Every coordinate's ``model_summary.levels_at`` at the summary's Fisher thresholds, flat in
+        the order of the parameters: with ``fisher_roots``, all a reward change reads of the Fisher."""
+        named = self.summary["concentration"]["fisher"]["thresholds"]
+        values = [named[f"{q:g}"] for q in NAMED_FRACTIONS]
+        sums = self.sequence.sums
+        return np.concatenate(
+            [levels_at(sums.stat("fisher", name), values).reshape(-1).cpu().numpy() for name in sums.names]
+        )
 
     def per_parameter(self, stat: str) -> dict[str, torch.Tensor]:
         if stat not in STATS:
@@ -80,7 +92,7 @@ class Analysis:
             if sums.alias(stat) in out:
                 out[stat] = out[sums.alias(stat)]
             elif sums.identically_zero(stat):
-                out[stat] = {name: _zero_view(sums.shapes[name], max_rows, max_cols) for name in sums.names}
+                out[stat] = {name: zero_view(sums.shapes[name], max_rows, max_cols) for name in sums.names}
             else:
 
                 def view(name: str, stat: str = stat) -> dict:
@@ -117,18 +129,6 @@ class Analysis:
             str(path),
             metadata={"summary_totals": json.dumps(self.summary["totals"]), **(metadata or {})},
         )
-
-
-def _zero_view(shape: tuple[int, ...], max_rows: int, max_cols: int) -> dict:
-    rows, cols = grid_shape(shape)
-    row_edges, col_edges = block_edges(rows, max_rows), block_edges(cols, max_cols)
-    grid = np.zeros((len(row_edges) - 1, len(col_edges) - 1), dtype=np.float32)
-    return {
-        "shape": list(grid.shape),
-        "row_edges": list(row_edges),
-        "col_edges": list(col_edges),
-        "values": grid,
-    }
 
 
 def _staged(progress: ProgressCallback | None) -> ProgressCallback:
@@ -174,8 +174,12 @@ def run_analysis(
     memory_budget_bytes: int,
     progress: ProgressCallback | None = None,
     on_partial: PartialCallback | None = None,
+    keep_fisher_roots: tuple[int, int] | None = None,
 ) -> Analysis:
     """Compute every quantity of DESIGN.md section 2 for ``request`` on ``loaded``'s model.
+
+    ``keep_fisher_roots``: the pooled grid (rows, cols) at which to keep ``FisherRoots``, so that a
+    later reward on the same analysis can be answered by ``with_reward``.
 
     ``on_partial(summary, kept_share)``: while the directions of a prefix run, light summaries of the
     truncated result so far (totals exact as far as the directions go; no concentration, top
@@ -187,10 +191,8 @@ def run_analysis(
     model = loaded.model
     sampler = request.sampler
     device = next(model.parameters()).device  # a worker puts the model on the GPU when it has one
-    reward = request.reward_vector(model.get_output_embeddings().weight.shape[0], device)
-    engine_model = (
-        loaded.bf16() if sampler.engine == EngineKind.bf16 and sampler.kind == SamplerKind.model else None
-    )
+    reward = reward_vector(request.reward, model.get_output_embeddings().weight.shape[0], device)
+    roots = None if keep_fisher_roots is None else FisherRoots(keep_fisher_roots)
     sequence = analyze_sequence(
         model,
         torch.tensor(request.input_ids, dtype=torch.long, device=device),
@@ -198,16 +200,59 @@ def run_analysis(
         sampler,
         request.method,
         reward,
-        engine_model,
+        _engine_model(loaded, sampler),
         memory_budget_bytes=memory_budget_bytes,
         progress=report,
         on_partial=None if on_partial is None else _Partials(loaded, request, reward, on_partial),
+        observe=None if roots is None else roots.observe,
     )
     report("summary", 0.0)
     summary = build_summary(loaded, request, sequence, HeadLayout.of(model), reward)
     summary["timing"] = {"seconds": time.perf_counter() - started}
     report("summary", 1.0)
-    return Analysis(request, sequence, summary)
+    return Analysis(request, sequence, summary, roots)
+
+
+def _engine_model(loaded: LoadedModel, sampler: SamplerConfig) -> torch.nn.Module | None:
+    """The model the sampler draws from when it is not the analysed one (the bf16 engine)."""
+    if sampler.engine == EngineKind.bf16 and sampler.kind == SamplerKind.model:
+        return loaded.bf16()
+    return None
+
+
+def with_reward(
+    loaded: LoadedModel,
+    request: AnalysisRequest,
+    summary: dict,
+    pooled: dict[str, dict[str, dict]],
+    roots: FisherRoots,
+    fisher_levels_of: Callable[[str], torch.Tensor],
+    memory_budget_bytes: int,
+) -> tuple[dict, dict[str, dict[str, dict]]]:
+    """The summary and pooled views of ``request`` from those of an analysis that differs from it in its
+    reward only, with that analysis's ``fisher_roots`` and ``fisher_levels()``: one backward direction per
+    position (the policy gradient), none for the Fisher (``workers.fisher.reward_pass``)."""
+    started = time.perf_counter()
+    model = loaded.model
+    device = next(model.parameters()).device
+    vector = reward_vector(request.reward, model.get_output_embeddings().weight.shape[0], device)
+    computed = None
+    if vector is not None:
+        computed = policy_gradient_pass(
+            model,
+            torch.tensor(request.input_ids, dtype=torch.long, device=device),
+            torch.tensor(request.continuation_ids, dtype=torch.long, device=device),
+            request.sampler,
+            vector,
+            _engine_model(loaded, request.sampler),
+            memory_budget_bytes=memory_budget_bytes,
+        )
+    parts = RewardParts(reward_entries(request.reward, loaded.decode_token), vector, computed)
+    out, out_pooled = summary_with_reward(
+        summary, pooled, roots, fisher_levels_of, HeadLayout.of(model).shapes, parts
+    )
+    out["timing"] = {"seconds": time.perf_counter() - started, "fisher_reused": True}
+    return out, out_pooled
 
 
 def build_summary(
@@ -249,7 +294,7 @@ def build_summary(
             "data_token_text": decode(sampler.data_token_id) if sampler.data_token_id is not None else None,
             "on_policy": sampler.is_on_policy,
         },
-        "reward": [{"id": int(t), "text": decode(int(t)), "value": v} for t, v in request.reward.items()],
+        "reward": reward_entries(request.reward, decode),
         "method": {
             "name": method.name.value,
             "fraction": method.fraction,

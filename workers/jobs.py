@@ -22,7 +22,7 @@ from backend.export_choice import EXPORT_FIELD_PREFIX, export_record
 from backend.schemas import AnalysisJob, ExportChoice
 from backend.service import queued_meta
 from backend.settings import Settings, get_settings
-from backend.store import RedisStore, Store
+from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
 from backend.vocabulary import EngineKind
 from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
 from workers.exports import Float16Overflow, write_export
@@ -32,8 +32,13 @@ from workers.fisher.methods import Method
 from workers.fisher.sampler import SamplerConfig
 from workers.fisher.sampling import sample_continuation, stop_ids
 from workers.models.loading import LoadedModel, ModelPool
-
-ENGINE_RUNS = "engine_runs"
+from workers.reward_reuse import (
+    answer_from_kept,
+    copy_levels,
+    keep_for_rewards,
+    parameter_shapes,
+    pooled_grid,
+)
 
 _pool: ModelPool | None = None
 _pool_lock = threading.Lock()
@@ -73,12 +78,24 @@ def analyze_job(
     progress: ProgressCallback | None = None,
     flops_per_second: float | None = None,
     on_partial: PartialCallback | None = None,
+    keep_fisher_roots: tuple[int, int] | None = None,
 ) -> Analysis:
     """Run ``job``; its summary gets the cost estimate at ``flops_per_second`` (else the configured rate)."""
-    analysis = run_analysis(loaded, request_from_job(job), settings.engine_memory_bytes, progress, on_partial)
-    rate = flops_per_second or settings.flops_per_second
-    analysis.summary["cost"] = estimate_cost(loaded.info, job, rate).model_dump(mode="json")
+    analysis = run_analysis(
+        loaded,
+        request_from_job(job),
+        settings.engine_memory_bytes,
+        progress,
+        on_partial,
+        keep_fisher_roots=keep_fisher_roots,
+    )
+    analysis.summary["cost"] = _cost(loaded, job, settings, flops_per_second)
     return analysis
+
+
+def _cost(loaded: LoadedModel, job: AnalysisJob, settings: Settings, flops_per_second: float | None = None):
+    rate = flops_per_second or settings.flops_per_second
+    return estimate_cost(loaded.info, job, rate).model_dump(mode="json")
 
 
 @contextmanager
@@ -132,16 +149,6 @@ def write_levels(analysis: Analysis, target: Path, settings: Settings) -> None:
     levels.numpy().tofile(partial)
     partial.replace(target)
     evict_to_budget(settings.exports_dir, settings.exports_budget_bytes, keep=target)
-
-
-def pooled_within_budget(analysis: Analysis, settings: Settings) -> dict:
-    """Pooled views at the configured grid, halved until they fit the per-analysis memory budget: the
-    grid is chosen from the shapes, so the views are pooled once (SmolLM2's views at 128 x 128 do not
-    fit 64 MiB; pooling them first cost as much again as the views that are sent)."""
-    rows, cols = settings.pooled_rows, settings.pooled_cols
-    while analysis.pooled_bytes(rows, cols) > settings.max_result_bytes and rows * cols > 4:
-        rows, cols = max(1, rows // 2), max(1, cols // 2)
-    return analysis.pooled(max_rows=rows, max_cols=cols)
 
 
 def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: ModelPool) -> AnalysisJob | None:
@@ -199,7 +206,16 @@ def execute_analysis(
     with leased(store, analysis_id):
         try:
             loaded = load_for(job, pool or model_pool())
+            reused = answer_from_kept(loaded, job, request_from_job(job), store, settings)
+            if reused is not None:
+                summary, pooled, kept_id = reused
+                store.count(REWARD_REUSES)
+                summary["cost"] = _cost(loaded, job, settings)
+                copy_levels(kept_id, analysis_id, settings)
+                store.save_result(analysis_id, summary, pooled)
+                return
             store.count(ENGINE_RUNS)
+            grid = pooled_grid(list(parameter_shapes(loaded).values()), settings)
             analysis = analyze_job(
                 loaded,
                 job,
@@ -208,10 +224,13 @@ def execute_analysis(
                 on_partial=lambda summary, kept: store.save_partial(
                     analysis_id, {"kept_share": kept, "result": summary}
                 ),
+                keep_fisher_roots=grid,
             )
             # the top-q sets first: an analysis that reads as done can be compared at once
             write_levels(analysis, settings.levels_path(analysis_id), settings)
-            store.save_result(analysis_id, analysis.summary, pooled_within_budget(analysis, settings))
+            with contextlib.suppress(OSError):  # a cache for later rewards: without it they run whole
+                keep_for_rewards(analysis, job, settings)
+            store.save_result(analysis_id, analysis.summary, analysis.pooled(*grid))
         except BaseException as error:  # includes RQ's timeout; the job must end failed, never running
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):

@@ -453,8 +453,15 @@ def _summarize(work: _ModelPass, sums: MomentSums, curve_stats: tuple[str, ...],
         **work.groups(),
         "concentration": concentration,
         "top_coordinates": _top_coordinates(sums, work.candidates),
-        "overlap": overlap(sums, named["fisher"]) if sums.has_reward and "fisher" in named else None,
+        "overlap": overlap(sums, _levels_at(sums, named["fisher"]))
+        if sums.has_reward and "fisher" in named
+        else None,
     }
+
+
+def _levels_at(sums: MomentSums, named: list[Threshold]) -> Callable[[str], torch.Tensor]:
+    values = [t.value for t in named]
+    return lambda name: levels_at(sums.stat("fisher", name), values)
 
 
 def _top_bin(hist: Histogram, k: int = TOP_COORDINATES) -> int:
@@ -466,18 +473,14 @@ def _top_bin(hist: Histogram, k: int = TOP_COORDINATES) -> int:
 def _top_candidates(
     name: str, value: torch.Tensor, signed: bool, k: int = TOP_COORDINATES
 ) -> list[Candidate]:
-    """The k largest coordinates of a tensor, by magnitude for a signed stat: of its k largest and k
-    smallest values (no |value| array)."""
+    """The k largest coordinates of a tensor, by magnitude for a signed stat."""
     flat = value.reshape(-1)
     k = min(k, flat.numel())
-    tops = [torch.topk(flat, k)] + ([torch.topk(flat, k, largest=False)] if signed else [])
-    found = {
-        int(i): float(v)
-        for top in tops
-        for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
-    }
-    ranked = sorted(found.items(), key=lambda item: -abs(item[1]) if signed else -item[1])[:k]
-    return [(abs(v) if signed else v, name, i, v) for i, v in ranked]
+    top = torch.topk(flat.abs() if signed else flat, k)
+    values = flat[top.indices].tolist()
+    return [
+        (abs(v) if signed else v, name, int(i), v) for i, v in zip(top.indices.tolist(), values, strict=True)
+    ]
 
 
 def _top_coordinates(
@@ -491,12 +494,26 @@ def _top_coordinates(
         if sums.identically_zero(stat):
             out[stat] = []
             continue
-        ranked = sorted(candidates[sums.alias(stat)], key=lambda c: -c[0])[:k]
-        out[stat] = [
-            {"tensor": name, "index": list(_unravel(idx, sums.shapes[name])), "value": value}
-            for _, name, idx, value in ranked
-        ]
+        out[stat] = _ranked(candidates[sums.alias(stat)], sums.shapes, k)
     return out
+
+
+def top_coordinates_of(sums: MomentSums, stat: str, k: int = TOP_COORDINATES) -> list[dict]:
+    """``_top_coordinates`` of one stat on its own, in a pass of its own."""
+    signed = stat in SIGNED_STATS
+
+    def candidates(name: str) -> list[Candidate]:
+        return _top_candidates(name, sums.stat(stat, name), signed, k)
+
+    return _ranked([c for found in each_tensor(sums, candidates, sums.names) for c in found], sums.shapes, k)
+
+
+def _ranked(candidates: list[Candidate], shapes: dict[str, tuple[int, ...]], k: int) -> list[dict]:
+    ranked = sorted(candidates, key=lambda c: -c[0])[:k]
+    return [
+        {"tensor": name, "index": list(_unravel(idx, shapes[name])), "value": value}
+        for _, name, idx, value in ranked
+    ]
 
 
 def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -515,18 +532,36 @@ def _magnitude(sums: MomentSums, stat: str) -> Callable[[], Iterator[torch.Tenso
     return chunks
 
 
-def overlap(sums: MomentSums, fisher_thresholds: list[Threshold]) -> dict:
+def levels_at(values: torch.Tensor, named: list[float]) -> torch.Tensor:
+    """uint8 shaped like ``values``: the 1-based level of the smallest named top-q set a coordinate is
+    in (value >= that set's threshold ``named[l]``, and > 0), 0 outside all of them. The Fisher's side
+    of ``overlap``, and what a reward change reads instead of the Fisher (``workers.fisher.reward_pass``).
+    """
+    ascending = torch.tensor(sorted(named), dtype=values.dtype, device=values.device)  # named: q ascending
+    reached = torch.searchsorted(ascending, values, right=True)  # how many thresholds value is at or above
+    levels = (len(named) + 1 - reached).to(torch.uint8)
+    levels[(reached == 0) | (values <= 0)] = 0
+    return levels
+
+
+def overlap(sums: MomentSums, fisher_levels_of: Callable[[str], torch.Tensor]) -> dict:
     """|top-q by fisher ∩ top-q by |policy_grad|| / |top-q|, against the random baseline q.
 
-    The Fisher's exact top-q thresholds come from the concentration pass; only the gradient's are new.
+    ``fisher_levels_of(name)``: the tensor's ``levels_at`` the Fisher's exact top-q thresholds (from the
+    concentration pass); only the gradient's thresholds are found here. A coordinate is in both sets of
+    density q_l when the larger of its two levels is at most l.
     """
     grad_chunks = _magnitude(sums, "policy_grad")
-    grad_thresholds = thresholds(histogram(grad_chunks()), grad_chunks, NAMED_FRACTIONS)
-    both = [0] * len(NAMED_FRACTIONS)
-    for name in sums.names:
-        f = sums.stat("fisher", name)
-        g = sums.stat("policy_grad", name).abs()
-        for i, (ft, gt) in enumerate(zip(fisher_thresholds, grad_thresholds, strict=True)):
-            both[i] += int(((f >= ft.value) & (f > 0) & (g >= gt.value) & (g > 0)).sum())
-    values = [count / ft.k for count, ft in zip(both, fisher_thresholds, strict=True)]
+    grad_thresholds = [t.value for t in thresholds(histogram(grad_chunks()), grad_chunks, NAMED_FRACTIONS)]
+
+    def deepest_levels(name: str) -> torch.Tensor:
+        fisher = fisher_levels_of(name)
+        gradient = levels_at(sums.stat("policy_grad", name).abs(), grad_thresholds).to(fisher.device)
+        both = torch.maximum(fisher, gradient)[(fisher > 0) & (gradient > 0)]
+        return torch.bincount(both.long(), minlength=len(NAMED_FRACTIONS) + 1).cpu()
+
+    deepest = sum(each_tensor(sums, deepest_levels, sums.names), torch.zeros(len(NAMED_FRACTIONS) + 1))
+    total = sum(math.prod(shape) for shape in sums.shapes.values())
+    counts = [int(c) for c in deepest[1:].cumsum(0).tolist()]
+    values = [count / max(1, math.ceil(q * total)) for count, q in zip(counts, NAMED_FRACTIONS, strict=True)]
     return {"q": list(NAMED_FRACTIONS), "fisher_vs_policy_grad": values, "baseline": list(NAMED_FRACTIONS)}

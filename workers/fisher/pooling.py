@@ -63,6 +63,18 @@ def pooled_view(
     }
 
 
+def zero_view(shape: tuple[int, ...], max_rows: int = 128, max_cols: int = 128) -> dict:
+    """The pooled view of a stat that is zero by construction, formed from the shape alone."""
+    rows, cols = grid_shape(shape)
+    row_edges, col_edges = block_edges(rows, max_rows), block_edges(cols, max_cols)
+    return {
+        "shape": [len(row_edges) - 1, len(col_edges) - 1],
+        "row_edges": list(row_edges),
+        "col_edges": list(col_edges),
+        "values": np.zeros((len(row_edges) - 1, len(col_edges) - 1), dtype=np.float32),
+    }
+
+
 def block_sums_with_torch(matrix: torch.Tensor, row_edges, col_edges) -> torch.Tensor:
     """float64 block sums by torch's ops: the GPU's path (tested against the compiled one on the CPU)."""
     device = matrix.device

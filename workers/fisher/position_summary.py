@@ -37,16 +37,30 @@ class HeadRows:
     std(r) sqrt(fisher), the norm of the row's Cauchy-Schwarz bound.
     """
 
-    def __init__(self, record: PositionRecord, reward: torch.Tensor | None) -> None:
-        self.record = record
-        self.h_sq = float(record.h.square().sum())
-        scale_sq = record.head_scale.square()  # [V] g'(l)^2
-        mu, p = record.mu, record.p
+    def __init__(
+        self,
+        h: torch.Tensor,
+        head_scale: torch.Tensor,
+        p: torch.Tensor,
+        mu: torch.Tensor,
+        reward: torch.Tensor | None = None,
+        reward_mean: float | None = None,
+        reward_std: float | None = None,
+    ) -> None:
+        self.h_sq = float(h.square().sum())
+        self.head_scale, self.p, self.mu = head_scale, p, mu
+        scale_sq = head_scale.square()  # [V] g'(l)^2
         self.fisher = self.h_sq * scale_sq * mu * (1 - mu)
         self.fisher_p = self.h_sq * scale_sq * p * (1 - p)
         self.shift_sq = self.h_sq * scale_sq * (mu - p).square()
-        self.reward = reward
+        self.reward, self.reward_mean, self.reward_std = reward, reward_mean, reward_std
         self.total = float(self.fisher.sum())
+
+    @staticmethod
+    def of(record: PositionRecord, reward: torch.Tensor | None) -> HeadRows:
+        return HeadRows(
+            record.h, record.head_scale, record.p, record.mu, reward, record.reward_mean, record.reward_std
+        )
 
     def entry(self, c: int) -> dict:
         out = {
@@ -54,23 +68,27 @@ class HeadRows:
             "row_fisher_p": float(self.fisher_p[c]),
             "row_shift_sq": float(self.shift_sq[c]),
         }
-        record = self.record
-        if self.reward is not None and record.reward_mean is not None and record.reward_std is not None:
-            centered = float(self.reward[c]) - record.reward_mean
-            gradient = (
-                abs(float(record.mu[c]) * centered) * float(record.head_scale[c]) * math.sqrt(self.h_sq)
-            )
-            out["row_policy_grad"] = gradient
-            out["row_bound"] = record.reward_std * math.sqrt(max(float(self.fisher[c]), 0.0))
+        out.update(self.reward_entry(c))
         return out
+
+    def reward_entry(self, c: int) -> dict:
+        """The row's policy gradient and bound; nothing without a reward."""
+        if self.reward is None or self.reward_mean is None or self.reward_std is None:
+            return {}
+        centered = float(self.reward[c]) - self.reward_mean
+        gradient = abs(float(self.mu[c]) * centered) * float(self.head_scale[c]) * math.sqrt(self.h_sq)
+        return {
+            "row_policy_grad": gradient,
+            "row_bound": self.reward_std * math.sqrt(max(float(self.fisher[c]), 0.0)),
+        }
 
     def concentration_bound(self) -> list[dict]:
         """Part 2, section 1: the share of the output-layer Fisher outside the m likeliest rows, against
         (mass outside) / (1 - sum mu^2). The bound is stated for a plain linear head (g' = 1)."""
-        mu = self.record.mu
+        mu = self.mu
         order = torch.argsort(mu, descending=True)
         denominator = 1 - float(mu.square().sum())
-        linear = bool((self.record.head_scale == 1).all())
+        linear = bool((self.head_scale == 1).all())
         bounds = []
         for m in BOUND_TOKENS:
             inside = order[:m]
@@ -88,7 +106,7 @@ class HeadRows:
 
 def position_summary(record: PositionRecord, index: int, decode: Decode, reward: torch.Tensor | None) -> dict:
     p, mu = record.p, record.mu
-    rows = HeadRows(record, reward)
+    rows = HeadRows.of(record, reward)
     top = torch.topk(torch.maximum(p, mu), min(TOP_TOKENS, p.numel())).indices.tolist()
     top_rows = torch.topk(rows.fisher, min(TOP_TOKENS, p.numel())).indices.tolist()
     target = chi2 = None

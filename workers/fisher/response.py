@@ -95,12 +95,14 @@ def analyze_sequence(
     memory_budget_bytes: int,
     progress: Progress | None = None,
     on_partial: SequencePartial | None = None,
+    observe: Callable[[PositionMoments], None] | None = None,
 ) -> SequenceAnalysis:
     """Analyse the prefix's next token, or every response position when a continuation is given.
 
     ``on_partial(snapshot, kept_share)``: for a prefix (one position), called after each chunk of
     directions but the last; ``snapshot()`` is the analysis the directions so far give, to be read
-    before ``on_partial`` returns.
+    before ``on_partial`` returns. ``observe(moments)``: each position's moments before the running
+    sums take them over (read, never keep or modify).
     """
     layout = HeadLayout.of(model)
     full = torch.cat([prefix_ids, continuation_ids])
@@ -147,6 +149,8 @@ def analyze_sequence(
         )
         del capture
         result.positions.append(_record(inputs, moments, target))
+        if observe is not None:
+            observe(moments)
         sums.add(moments)
         if not sampler.is_on_policy:
             result.accumulated_shift_sq.append(square_total(list(sums.sums.get("mean_shift", {}).values())))

@@ -1,0 +1,146 @@
+"""A new reward on an analysis already made: the policy gradient and its bound, without the Fisher.
+
+Of every per-parameter moment only two depend on the reward r over next tokens (DESIGN.md section 2):
+  policy_grad_i = sum_t Cov_mu_t(r, kappa_i) = sum_t g_t^T u_i, g_t = sum_a mu_a (r_a - rbar_t) j_a,
+one backward direction per position, and
+  bound_i = sum_t std_mu_t(r) sqrt(fisher_t,i),
+a sum over positions of the reward's standard deviation times a reward-free array. So an analysis keeps
+the parts of sqrt(fisher_t) its summaries read (``FisherRoots``: per tensor its sum, and its pooled
+view), and the Fisher's top-q membership (``model_summary.levels_at``) for the overlap; a reward
+change then costs one direction per position (``policy_gradient_pass``) instead of the whole analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from workers.fisher.capture import capture_forward
+from workers.fisher.directions import LinearGroup, backprop_directions
+from workers.fisher.logit_map import logit_jacobian
+from workers.fisher.pooling import pooled_view
+from workers.fisher.position import HeadLayout, HeadTerms, PositionMoments, head_rows
+from workers.fisher.response import next_token_logits
+from workers.fisher.sampler import SamplerConfig, model_distribution, sampler_distribution
+from workers.fisher.stats import square_total
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class FisherRoots:
+    """Per position t, of sqrt(fisher_t) (clamped at 0, as the bound takes it): each tensor's sum and its
+    pooled view on a ``grid`` of at most rows x cols blocks (the grid the analysis's views use)."""
+
+    grid: tuple[int, int]
+    totals: list[dict[str, float]] = field(default_factory=list)
+    pooled: list[dict[str, np.ndarray]] = field(default_factory=list)
+    any_fisher: bool = False  # some position's mu has two tokens or more (else every Fisher is 0)
+
+    def observe(self, moments: PositionMoments) -> None:
+        """One position's moments, before the running sums take them over."""
+        self.any_fisher |= not moments.fisher_zero
+        totals: dict[str, float] = {}
+        pooled: dict[str, np.ndarray] = {}
+        for name, fisher in moments.fisher.items():
+            root = fisher.clamp_min(0).sqrt_()
+            totals[name] = float(root.sum(dtype=torch.float64))
+            view = pooled_view(root, *self.grid)
+            pooled[name] = view["values"]
+        self.totals.append(totals)
+        self.pooled.append(pooled)
+
+    def bound_totals(self, stds: list[float], name: str) -> float:
+        return sum(std * totals[name] for std, totals in zip(stds, self.totals, strict=True))
+
+    def bound_view(self, stds: list[float], name: str) -> np.ndarray:
+        out = np.zeros_like(self.pooled[0][name], dtype=np.float64)
+        for std, pooled in zip(stds, self.pooled, strict=True):
+            out += std * pooled[name].astype(np.float64)
+        return out.astype(np.float32)
+
+
+@dataclass
+class RewardPosition:
+    """What one position's summary reads of a reward: mu's mean and std of r, and the head rows' inputs."""
+
+    p: torch.Tensor  # [V] float64
+    mu: torch.Tensor  # [V] float64
+    h: torch.Tensor  # [d]
+    head_scale: torch.Tensor  # [V] float64
+    reward_mean: float
+    reward_std: float
+    policy_grad_sq: float
+
+
+@dataclass
+class RewardPass:
+    policy_grad: Params  # summed over positions, parameter-shaped
+    positions: list[RewardPosition]
+
+
+def policy_gradient_pass(
+    model: nn.Module,
+    prefix_ids: torch.Tensor,
+    continuation_ids: torch.Tensor,
+    sampler: SamplerConfig,
+    reward: torch.Tensor,
+    engine_model: nn.Module | None = None,
+    *,
+    memory_budget_bytes: int,
+    progress: Callable[[float], None] | None = None,
+) -> RewardPass:
+    """The policy gradient Cov_mu(r, kappa) at every position of ``analyze_sequence``'s, summed: the
+    same logits, sampler and head closed form, with the reward's direction as the only backward."""
+    layout = HeadLayout.of(model)
+    full = torch.cat([prefix_ids, continuation_ids])
+    n_positions = max(1, continuation_ids.numel())
+    first = prefix_ids.numel() - 1
+    context = full[: first + n_positions]
+    captured = capture_forward(model, context) if n_positions == 1 else None
+    logits = next_token_logits(model, context) if captured is None else captured.logits[0].detach().double()
+    engine_logits = next_token_logits(engine_model, context) if engine_model is not None else None
+    summed: Params = {}
+    positions: list[RewardPosition] = []
+    for t in range(n_positions):
+        index = first + t
+        target = int(continuation_ids[t]) if continuation_ids.numel() else None
+        p = model_distribution(logits[index])
+        mu = sampler_distribution(
+            sampler, logits[index], None if engine_logits is None else engine_logits[index], target
+        )
+        capture = captured if captured is not None else capture_forward(model, full[: index + 1])
+        captured = None
+        position = capture.length - 1
+        h = capture.hidden[position].detach()
+        jacobian = logit_jacobian(capture, position, head_rows(model))
+        reward_mean = float(mu @ reward)
+        centered = mu * (reward - reward_mean)
+        reward_std = float((mu @ (reward - reward_mean).square()).sqrt())
+        results = backprop_directions(
+            capture,
+            position,
+            [],
+            [LinearGroup("policy_grad", jacobian.combine(centered))],
+            [],
+            memory_budget_bytes=memory_budget_bytes,
+        )
+        del capture
+        head = HeadTerms(layout, h, jacobian.head_scale())
+        gradient = head.assemble(results.linears.get("policy_grad"), centered, in_place=True)
+        square = square_total(list(gradient.values()))
+        for name, value in gradient.items():  # the first position's arrays become the sums
+            if name in summed:
+                summed[name].add_(value)
+            else:
+                summed[name] = value
+        positions.append(
+            RewardPosition(p, mu, h.to(torch.float64), jacobian.head_scale(), reward_mean, reward_std, square)
+        )
+        if progress is not None:
+            progress((t + 1) / n_positions)
+    return RewardPass(summed, positions)
