@@ -10,6 +10,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
+from frontend.numbers import percent as pct
+from frontend.numbers import value_and_bound
 from frontend.plots import token_label
 from frontend.slides import (
     SLIDES,
@@ -18,7 +20,6 @@ from frontend.slides import (
     s07_hidden_directions,
     s10_not_a_defect,
 )
-from frontend.slides.common import pct
 
 FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2.json"
 DATA_FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2_data.json"
@@ -163,11 +164,9 @@ def test_output_layer_reading_quotes_the_bound(summary):
     outside = next(bound for bound in output["concentration_bound"] if bound["top_tokens"] == 20)
     sentence = s06_output_layer.reading(summary, "on")
     others = summary["model"]["vocab_size"] - 20
-    # 7.93% under 7.94%: as many digits as tell the share from its bound (both 7.9% at two)
-    share = f"{100 * outside['share_outside']:.3g}%"
-    assert pct(outside["share_outside"]) == pct(outside["bound"]) and share == "7.93%"
-    assert f"The other {others:,} rows share {share}, under the bound " in sentence
-    assert sentence.endswith(f"{100 * outside['bound']:.3g}%.")
+    # the share rounded down, its bound up: both 7.9% to the nearest, printed as two numbers in order
+    assert pct(outside["share_outside"]) == pct(outside["bound"]) == "7.9%"
+    assert f"The other {others:,} rows share 7.9%, under the bound 8%." in sentence
 
 
 def test_output_layer_reading_with_a_null_bound_under_a_logit_map(summary):
@@ -412,9 +411,10 @@ def test_a_compare_asked_before_its_top_q_sets_are_written_is_asked_again(summar
         fetch(summaries, {"id": ID_A, "kept_share": 0.5}, done_b)
 
 
-def test_a_share_just_under_its_bound_is_written_with_the_digits_that_tell_them_apart():
-    assert s06_output_layer.distinct_pcts(0.04712, 0.04718) == ("4.71%", "4.72%")
-    assert s06_output_layer.distinct_pcts(0.02, 0.31) == (pct(0.02), pct(0.31))
+def test_a_share_just_under_its_bound_never_reads_above_it_nor_as_zero():
+    assert value_and_bound(0.04712, 0.04718) == ("4.7%", "4.8%")
+    assert value_and_bound(0.02, 0.31) == ("2%", "31%")
+    assert value_and_bound(2.2e-16, 3e-16) == ("<0.0001%", "<0.0001%")  # a positive share is never "0%"
 
 
 def test_a_slide_the_analysis_cannot_fill_offers_the_essays_example(summary):

@@ -46,14 +46,6 @@ def no_varying_reward(summary: Summary) -> str | None:
     return "this analysis has no reward that varies over the likely next tokens"
 
 
-def pct(share: float) -> str:
-    """A share as a percentage with two significant digits for small values (0.4%, 32%)."""
-    value = 100.0 * share
-    if value == 0:
-        return "0%"
-    return f"{value:.2g}%" if abs(value) < 10 else f"{value:.0f}%"
-
-
 def num(value: float) -> str:
     """A number in 3 significant digits."""
     return f"{value:.3g}"

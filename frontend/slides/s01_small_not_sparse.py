@@ -7,6 +7,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from frontend.numbers import percent
 from frontend.plots import (
     LAYOUT,
     LOG_TICKS,
@@ -17,7 +18,6 @@ from frontend.plots import (
     message_figure,
     stat_for_centering,
 )
-from frontend.slides.common import pct
 
 TITLE = "1. Small is not sparse"
 CLAIM = (
@@ -87,7 +87,7 @@ def reading(summary: Summary, centering: str) -> str:
     at = summary["concentration"][stat]["at"]
     layer, share = layer_share(summary, stat)
     return (
-        f"The top 1% of the model's {summary['model']['n_params']:,} coordinates hold {pct(at['0.01'])} "
-        f"of the {STAT_LABEL[stat]} (0.1% hold {pct(at['0.001'])}), against 1% if it were "
-        f"spread evenly; layer {layer_label(layer)} holds the most, {pct(share)} of the total."
+        f"The top 1% of the model's {summary['model']['n_params']:,} coordinates hold {percent(at['0.01'])} "
+        f"of the {STAT_LABEL[stat]} (0.1% hold {percent(at['0.001'])}), against 1% if it were "
+        f"spread evenly; layer {layer_label(layer)} holds the most, {percent(share)} of the total."
     )

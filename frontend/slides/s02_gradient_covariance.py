@@ -11,8 +11,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from frontend.numbers import percent
 from frontend.plots import LAYOUT, Summary, token_label, unique_token_labels
-from frontend.slides.common import first_position, no_varying_reward, pct
+from frontend.slides.common import first_position, no_varying_reward
 
 TITLE = "2. The gradient is a covariance, the Fisher a variance"
 CLAIM = (
@@ -110,8 +111,8 @@ def rows_sentence(rewarded: list[dict[str, Any]], output_total: float) -> str:
     names = " and ".join(token_label(str(token["text"])) for token in rewarded[:3])
     one = len(rewarded) == 1
     return (
-        f"The rewarded row{'' if one else 's'} {names} hold{'s' if one else ''} {pct(share)} of the "
-        f"output-layer Fisher; {'its' if one else 'their'} gradient is {pct(ratio)} of the bound "
+        f"The rewarded row{'' if one else 's'} {names} hold{'s' if one else ''} {percent(share)} of the "
+        f"output-layer Fisher; {'its' if one else 'their'} gradient is {percent(ratio)} of the bound "
         f"std(r)·√F: {verdict}."
     )
 
@@ -123,6 +124,6 @@ def overlap_sentence(summary: Summary) -> str:
         return ""
     k = overlap["q"].index(0.01)
     return (
-        f" The top 1% of coordinates by Fisher hold {pct(overlap['fisher_vs_policy_grad'][k])} of "
-        f"the top 1% by |gradient|, against {pct(overlap['baseline'][k])} at random."
+        f" The top 1% of coordinates by Fisher hold {percent(overlap['fisher_vs_policy_grad'][k])} of "
+        f"the top 1% by |gradient|, against {percent(overlap['baseline'][k])} at random."
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from frontend.explorer import response_series
+from frontend.numbers import percent
 from frontend.plots import LAYOUT, Summary, message_figure, response_labels, token_label
-from frontend.slides.common import no_response, num, pct
+from frontend.slides.common import no_response, num
 
 TITLE = "4. Along the response: the Fisher adds up"
 CLAIM = "Across positions the cross terms average to zero, so the Fisher is a sum of token Fishers."
@@ -64,5 +65,5 @@ def reading(summary: Summary, centering: str) -> str:
     return (
         f"Shown: {label}. Over {response['T']} response tokens it sums to {num(total)}; the position "
         f"predicting {token_label(token)} contributes the most, {num(per_position[peak])} "
-        f"({pct(per_position[peak] / total)} of the sum)."
+        f"({percent(per_position[peak] / total)} of the sum)."
     )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from frontend.numbers import percent
 from frontend.plots import LAYOUT, Summary, layer_label
-from frontend.slides.common import no_shift, num, pct, sampler_settings
+from frontend.slides.common import no_shift, num, sampler_settings
 
 TITLE = "5. What this needs: a centered score"
 CLAIM = (
@@ -61,5 +62,5 @@ def reading(summary: Summary, centering: str) -> str:
     return (
         f"With the sampler ({sampler_text(summary)}) the mean shift² adds {num(shift)} "
         f"to the centered Fisher {num(fisher)}: without centering the second moment is "
-        f"{pct(shift / fisher)} larger."
+        f"{percent(shift / fisher)} larger."
     )

@@ -12,8 +12,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from frontend.numbers import percent, value_and_bound
 from frontend.plots import LAYOUT, Summary, token_label, unique_token_labels
-from frontend.slides.common import first_position, pct
+from frontend.slides.common import first_position
 
 TITLE = "6. Output layer: a row learns only if the sampler hesitates"
 CLAIM = (
@@ -65,19 +66,10 @@ def rows_sentence(output: dict[str, Any]) -> str:
     rows = sorted(output["rows"], key=lambda row: -row["share"])
     names = " and ".join(token_label(row["text"]) for row in rows[:2])
     return (
-        f"The rows of {names} hold {pct(sum(row['share'] for row in rows[:2]))} of the output-layer "
+        f"The rows of {names} hold {percent(sum(row['share'] for row in rows[:2]))} of the output-layer "
         f"Fisher (total ‖h‖²(1−Σμ²) = {output['total']:.3g}); the {len(rows)} rows shown hold "
-        f"{pct(sum(row['share'] for row in rows))}."
+        f"{percent(sum(row['share'] for row in rows))}."
     )
-
-
-def distinct_pcts(share: float, bound: float) -> tuple[str, str]:
-    """Both as percentages, with as many digits as it takes to tell them apart (never '4.7% under 4.7%')."""
-    for digits in (2, 3, 4, 5):
-        written = (f"{100 * share:.{digits}g}%", f"{100 * bound:.{digits}g}%")
-        if written[0] != written[1] or share == bound:
-            break
-    return (pct(share), pct(bound)) if digits == 2 else written
 
 
 def outside_sentence(summary: Summary, output: dict[str, Any]) -> str:
@@ -86,9 +78,9 @@ def outside_sentence(summary: Summary, output: dict[str, Any]) -> str:
     if not outside:
         return ""
     others = f" The other {int(summary['model']['vocab_size']) - ROWS_NAMED:,} rows share "
-    share = pct(outside["share_outside"])
+    share = percent(outside["share_outside"])
     if outside["bound"] is not None:
-        share, bound = distinct_pcts(outside["share_outside"], outside["bound"])
+        share, bound = value_and_bound(outside["share_outside"], outside["bound"])
         return f"{others}{share}, under the bound {bound}."
     if output.get("logit_map"):
         return f"{others}{share}; the bound is not stated for a non-linear logit map (softcapped logits)."

@@ -11,7 +11,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from frontend.studies.form import percent
+from frontend.numbers import percent
+from frontend.studies.form import density_label
 
 MASK_COLOR = "#d62728"
 PARAMS_COLOR = "#9aa5b1"
@@ -42,7 +43,7 @@ def mask_groups_figure(rows: list[dict[str, Any]], n_params: int, q: float, by: 
     groups = [str(row["group"]) for row in rows]
     hover = [
         f"{row['count']:,} of the mask's coordinates; {row['size']:,} parameters; "
-        f"{row['density']:.3%} of the group is in the mask (q = {q:.3%})"
+        f"{percent(row['density'], 3)} of the group is in the mask (q = {density_label(q)})"
         for row in rows
     ]
     figure = go.Figure(
@@ -50,7 +51,7 @@ def mask_groups_figure(rows: list[dict[str, Any]], n_params: int, q: float, by: 
             go.Bar(
                 x=groups,
                 y=[row["share_of_mask"] for row in rows],
-                name=f"share of the top-{percent(q)} mask",
+                name=f"share of the top-{density_label(q)} mask",
                 marker_color=MASK_COLOR,
                 hovertext=hover,
                 hovertemplate="%{x}: %{y:.2%} of the mask<br>%{hovertext}<extra></extra>",
@@ -64,7 +65,7 @@ def mask_groups_figure(rows: list[dict[str, Any]], n_params: int, q: float, by: 
             ),
         ]
     )
-    _layout(figure, f"Top-{percent(q)} mask per {by}", height=340)
+    _layout(figure, f"Top-{density_label(q)} mask per {by}", height=340)
     figure.update_xaxes(type="category", automargin=True)
     figure.update_yaxes(tickformat=".0%", title="share", rangemode="tozero")
     return figure
@@ -81,7 +82,7 @@ def estimator_overlap_figure(estimators: dict[str, Any]) -> go.Figure:
         compared = entry["top_q_vs_fisher"]
         fractions = compared["q"]
         figure.add_bar(
-            x=[percent(q) for q in compared["q"]],
+            x=[density_label(q) for q in compared["q"]],
             y=compared["overlap"],
             name=LEGEND_NAMES[key],
             marker_color=ESTIMATOR_COLORS[key],
@@ -89,7 +90,7 @@ def estimator_overlap_figure(estimators: dict[str, Any]) -> go.Figure:
         )
     if fractions:
         figure.add_scatter(
-            x=[percent(q) for q in fractions],
+            x=[density_label(q) for q in fractions],
             y=fractions,
             mode="markers",
             name="chance",
@@ -168,7 +169,8 @@ def mask_heatmap_figure(view: dict[str, Any]) -> go.Figure:
     )
     shape = " × ".join(str(n) for n in view["shape"])
     share = view["count"] / view["size"] if view["size"] else 0.0
-    title = f"{view['tensor']} [{shape}]: {view['count']:,} in the top-{percent(q)} mask ({share:.2%} of it)"
+    count = f"{view['count']:,} in the top-{density_label(q)} mask"
+    title = f"{view['tensor']} [{shape}]: {count} ({percent(share, 3)} of it)"
     _layout(figure, title, height=420)
     figure.update_yaxes(autorange="reversed", title="row (output)" if len(view["shape"]) > 1 else "")
     figure.update_xaxes(title="column (input)" if len(view["shape"]) > 1 else "coordinate")

@@ -292,6 +292,6 @@ def parse_densities(text: str) -> tuple[list[float], list[str]]:
     return sorted(set(q)), errors
 
 
-def percent(q: float) -> str:
+def density_label(q: float) -> str:
     """A density as the form writes it: 0.001 -> '0.1%'."""
     return f"{q * 100:g}%"

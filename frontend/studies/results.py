@@ -23,7 +23,7 @@ from frontend.studies.figures import (
     mask_heatmap_figure,
     response_fisher_figure,
 )
-from frontend.studies.form import parse_prompts, percent, study_id_in
+from frontend.studies.form import density_label, parse_prompts, study_id_in
 from frontend.studies.links import dashboard_link
 from frontend.studies.panels import overview, paper_panel
 from frontend.studies.tables import (
@@ -106,7 +106,7 @@ def register_study(app: dash.Dash, client: StudyClient) -> None:
         rewarded = summary["spec"].get("reward") is not None
         on_policy = bool(summary["spec"]["sampler"].get("on_policy"))
         keys = list(summary["masks"]["by_q"])
-        options = [{"label": percent(float(key)), "value": key} for key in keys]
+        options = [{"label": density_label(float(key)), "value": key} for key in keys]
         chosen = view_q if view_q in keys else (PAPER_Q if PAPER_Q in keys else keys[0])
         tensors = summary["masks"]["by_q"][chosen]["tensors"]
         names = [row["name"] for row in tensors]
@@ -166,7 +166,7 @@ def register_masks(app: dash.Dash, client: StudyClient) -> None:
         shares = summary["masks"]["by_q"][view_q]
         q, n_params = float(shares["q"]), summary["counts"]["n_params"]
         caption = (
-            f"The top {percent(q)} mask holds {shares['count']:,} of the {n_params:,} coordinates (F ≥ "
+            f"The top {density_label(q)} mask holds {shares['count']:,} of the {n_params:,} coordinates (F ≥ "
             f"{num(shares['threshold'])}). Red: its share per group; grey: the group's share of all "
             "parameters, where a random mask of the same density would put it. Per tensor below: a column "
             "heading sorts; density / q above 1 means the mask is denser there than overall."

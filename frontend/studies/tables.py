@@ -12,8 +12,9 @@ from typing import Any
 
 from dash import html
 
+from frontend.numbers import percent
 from frontend.studies.figures import ESTIMATOR_NAMES
-from frontend.studies.form import percent
+from frontend.studies.form import density_label
 
 TENSOR_COLUMNS = (  # key, heading, how a cell reads
     ("name", "tensor"),
@@ -28,8 +29,8 @@ DEFAULT_SORT = {"column": "count", "descending": True}
 
 
 def pct(value: float | None) -> str:
-    """A fraction as a percent with 3 significant digits: 0.6005 -> '60.1%', 0.001 -> '0.1%'."""
-    return "—" if value is None else f"{100 * value:.3g}%"
+    """A fraction as a percent with 3 significant figures (``frontend.numbers.percent``), "—" for none."""
+    return "—" if value is None else percent(value, 3)
 
 
 def num(value: float | None) -> str:
@@ -209,7 +210,7 @@ def estimator_table(estimators: dict[str, Any], on_policy: bool) -> html.Table:
         )
     headings = ["estimator", "from", "relative L2 error vs F"]
     headings += [] if on_policy else ["vs U (off policy)"]
-    headings += [f"top {percent(q)} sets" for q in fractions]
+    headings += [f"top {density_label(q)} sets" for q in fractions]
     return table(headings, rows, "estimator-table")
 
 
@@ -240,7 +241,7 @@ def comparison_table(compared: dict[str, Any], a: str, b: str) -> html.Table:
     """Two studies' masks per density: overlap and Jaccard beside chance, and how many times chance."""
     rows = [
         [
-            html.Td(percent(q), className="n"),
+            html.Td(density_label(q), className="n"),
             html.Td(pct(o), className="n compare-overlap"),
             html.Td(pct(co), className="n chance"),
             html.Td(f"{o / co:.3g}×" if co else "—", className="n"),
