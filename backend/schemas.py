@@ -177,6 +177,11 @@ class TensorView(BaseModel):
     tensor: str
     stat: str
     view: PooledView
+    row_tokens: list[str] | None = Field(
+        None,
+        description="for a tensor whose rows are the vocabulary (embedding, LM head): the token of the "
+        "first row of each block of rows; null otherwise, or when the model's tokenizer is gone",
+    )
 
 
 class TopCoordinate(BaseModel):

@@ -282,13 +282,19 @@ class AnalysisService:
             for c in coordinates
             if c.get("index") and (shapes.get(c.get("tensor")) or [None])[0] == model.get("vocab_size")
         }
-        if not rows:
-            return {}
+        texts = self._token_texts(model, sorted(rows)) if rows else None
+        return (
+            {} if texts is None else {str(row): text for row, text in zip(sorted(rows), texts, strict=True)}
+        )
+
+    def _token_texts(self, model: dict, ids: list[int]) -> list[str] | None:
+        """The tokens of ``ids`` in the analysed model's tokenizer; None when that model is no longer
+        here (removed, or no longer allowed): the dashboard then names rows by id."""
         try:
             _, codec = self.resolve_model(str(model.get("id")))
-        except Exception:  # removed, or no longer allowed: the dashboard names rows by id
-            return {}
-        return {str(row): codec.token_text(row) for row in sorted(rows)}
+        except Exception:
+            return None
+        return [codec.token_text(int(i)) for i in ids]
 
     def position(self, analysis_id: str, index: int) -> dict:
         _, summary = self.summary(analysis_id)
@@ -323,7 +329,7 @@ class AnalysisService:
         return ComparePublic(a=a, b=b, sets=sets, tensors=tensors)
 
     def tensor_view(self, analysis_id: str, tensor: str, stat: str, rows: int, cols: int) -> TensorView:
-        analysis_id, _ = self._done(analysis_id)
+        analysis_id, stored = self._done(analysis_id)
         _check_stat(stat)
         header = self.store.get_pooled_header(analysis_id) or {}
         entry = header.get(stat, {}).get(tensor)
@@ -331,7 +337,10 @@ class AnalysisService:
         if entry is None or blob is None:
             raise ServiceError(404, f"no tensor {tensor!r} with stat {stat!r} in analysis {analysis_id}")
         view = coarsen(decode_view(entry, blob), rows, cols)
-        return TensorView(tensor=tensor, stat=stat, view=view)
+        model = (loads(stored.summary_json) if stored.summary_json else {}).get("model") or {}
+        vocabulary_rows = view.row_edges[-1] == model.get("vocab_size")  # the embedding, the LM head
+        row_tokens = self._token_texts(model, view.row_edges[:-1]) if vocabulary_rows else None
+        return TensorView(tensor=tensor, stat=stat, view=view, row_tokens=row_tokens)
 
     def tensor_names(self, analysis_id: str) -> list[str]:
         analysis_id, _ = self._done(analysis_id)

@@ -102,15 +102,16 @@ class ApiClient:
     def pooled(
         self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64
     ) -> dict[str, Any]:
-        """Block sums of one tensor's statistic: {shape, row_edges, col_edges, values}.
+        """Block sums of one tensor's statistic: {shape, row_edges, col_edges, values, row_tokens}.
 
-        The API answers a `TensorView` {tensor, stat, view}; the pooled view is its `view`.
+        The API answers a `TensorView` {tensor, stat, view, row_tokens}; the pooled view is its `view`,
+        with `row_tokens` (the first token of each block of vocabulary rows, or None) beside its edges.
         """
         path = f"/analyses/{quote(analysis_id, safe='')}/tensors/{quote(tensor, safe='')}"
         body = self.request("GET", path, params={"stat": stat, "rows": rows, "cols": cols}).json()
         if not isinstance(body, dict) or not isinstance(body.get("view"), dict):
             raise ApiError(f"the API's view of {tensor} has no pooled values")
-        return body["view"]
+        return {**body["view"], "row_tokens": body.get("row_tokens")}
 
     def models(self) -> list[dict[str, Any]]:
         body = self.request("GET", "/models").json()

@@ -249,13 +249,19 @@ def tensors_of_layer(summary: Summary, layer: str, stat: str) -> list[str]:
     return [t["name"] for t in ordered]
 
 
-def block_tokens(row_edges: list[int], known: dict[int, str], most: int = 3) -> list[str]:
-    """Per block of vocabulary rows, the tokens the summary knows inside it (a few, quoted)."""
+def block_tokens(
+    row_edges: list[int], known: dict[int, str], first: list[str] | None = None, most: int = 3
+) -> list[str]:
+    """Per block of vocabulary rows, the tokens the summary knows inside it (a few, quoted); a block
+    holding none of them is named by its first row's token (``first``, the API's ``row_tokens``)."""
     names = []
-    for start, stop in zip(row_edges[:-1], row_edges[1:], strict=True):
+    for i, (start, stop) in enumerate(zip(row_edges[:-1], row_edges[1:], strict=True)):
         inside = [token_label(known[row]) for row in sorted(known) if start <= row < stop]
         more = f" +{len(inside) - most}" if len(inside) > most else ""
-        names.append(", ".join(inside[:most]) + more if inside else "")
+        if inside:
+            names.append(", ".join(inside[:most]) + more)
+        else:
+            names.append(f"from {token_label(first[i])}" if first and i < len(first) else "")
     return names
 
 
@@ -266,7 +272,7 @@ def heatmap(pooled: dict[str, Any], tensor: str, stat: str, known: dict[int, str
     if not any(value for row in values for value in row):
         return message_figure(f"{tensor}: the {STAT_LABEL.get(stat, stat)} is 0 in every block.")
     row_edges, col_edges = pooled["row_edges"], pooled["col_edges"]
-    rows = block_tokens(row_edges, known) if known else None
+    rows = block_tokens(row_edges, known, pooled.get("row_tokens")) if known is not None else None
     hover = "rows %{y}, columns from %{x}<br>%{z:.4g}<extra></extra>"
     if rows:
         hover = "rows from %{y} (tokens: %{customdata})<br>columns from %{x}<br>%{z:.4g}<extra></extra>"
@@ -291,7 +297,7 @@ def heatmap(pooled: dict[str, Any], tensor: str, stat: str, known: dict[int, str
     if pooled["shape"][0] == 1:  # a vector (norm weight): one row of blocks, no row axis to read
         fig.update_layout(yaxis_showticklabels=False, yaxis_title="vector", height=260)
     if rows and any(rows):  # a row axis of the vocabulary: label the heaviest blocks holding known tokens
-        named = [i for i, name in enumerate(rows) if name]
+        named = [i for i, name in enumerate(rows) if name and not name.startswith("from ")]
         heaviest = sorted(sorted(named, key=lambda i: -sum(values[i]))[:ROW_LABELS])
         labelled = [(row_edges[i], rows[i].split(", ")[0]) for i in heaviest]
         fig.update_yaxes(

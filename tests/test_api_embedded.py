@@ -194,3 +194,10 @@ def test_the_overview_names_every_vocabulary_row_among_the_top_coordinates(tmp_p
     }
     codec = TokenCodec.from_file(tokenizer_path("tiny-random"))
     assert rows and overview["vocabulary"] == {str(row): codec.token_text(row) for row in sorted(rows)}
+    # a view of a vocabulary-sized tensor names each block of rows by its first row's token; others don't
+    head = next(t for t in overview["tensors"] if t["shape"][0] == vocab and len(t["shape"]) == 2)
+    view = client.get(f"/api/v1/analyses/{analysis_id}/tensors/{head['name']}?rows=8").json()
+    starts = view["view"]["row_edges"][:-1]
+    assert view["row_tokens"] == [codec.token_text(row) for row in starts] and len(starts) == 8
+    other = next(t for t in overview["tensors"] if t["shape"][0] != vocab)
+    assert client.get(f"/api/v1/analyses/{analysis_id}/tensors/{other['name']}").json()["row_tokens"] is None

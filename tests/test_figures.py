@@ -615,6 +615,15 @@ def test_vocabulary_rows_are_named_by_their_tokens(summary):
     figure = explorer.heatmap(pooled, embedding["name"], "fisher", known)
     assert plots.token_label(prefix[0]["text"]) in figure.data[0].customdata[1][0]
     assert plots.token_label(prefix[0]["text"]) in figure.layout.yaxis.ticktext
+    # a block holding no token the summary knows is named by its first row's token (the API's row_tokens)
+    only = {row: known[row]}
+    assert (
+        explorer.heatmap(pooled, embedding["name"], "fisher", only).data[0].customdata[2][0] == "none known"
+    )
+    with_first = {**pooled, "row_tokens": ["!", " Paris", " tent"]}
+    named = explorer.heatmap(with_first, embedding["name"], "fisher", only)
+    assert named.data[0].customdata[2][0] == f"from {plots.token_label(' tent')}"
+    assert list(named.layout.yaxis.ticktext) == [plots.token_label(known[row])]  # ticks: known tokens only
 
 
 def test_every_layer_is_labelled(summary):
