@@ -625,4 +625,22 @@ def test_the_landing_page_teaches_on_every_slide(tmp_path, browser):
         assert "√((1−p)/p)" in page.inner_text("#slide-reading")
         go_to_slide(page, 1)
         check_the_toggle_follows_the_slide(page)
+        check_a_reward_change_reuses_the_fisher(page, url)
         watch.check()
+
+
+def check_a_reward_change_reuses_the_fisher(page, url: str) -> None:
+    """Another reward on the landing example is answered from its Fisher (one direction per position),
+    not by a second engine run, and the page draws the new reward's numbers."""
+    assert page.input_value("#reward") == " tea=1; coffee=0"
+    page.fill("#reward", " tea=1; coffee=0.5")
+    page.click("#run")
+    page.wait_for_function(
+        "() => (document.querySelector('#share-link')?.value || '').includes('0.5')", timeout=30_000
+    )
+    wait_until_done(page, "analysed continuation: 3 tokens", timeout_ms=120_000)
+    stats = httpx.get(f"{url}/api/v1/stats").json()
+    assert stats == {"engine_runs": 1, "reward_reuses": 1}, stats
+    go_to_slide(page, 2)
+    wait_for_reading(page, 30_000)
+    assert "coffee" in page.inner_text("#slide-reading")
