@@ -25,16 +25,11 @@ class SizedModel(Protocol):
 # table's probes), counted in flops per parameter at the matmul rate at the model's width
 # (`workers.throughput.matmul_rate`) and fitted to the seconds `benchmarks/bench_engine.py` measures on
 # SmolLM2-135M (prefixes of 5 to 256 tokens, continuations up to 64, exact and Monte Carlo; it prints the
-# estimate against the measured time): two runs on a 2-core AVX-512 EPYC (190-216 GFLOP/s at that
-# width) fall within 0.88-1.13x. A term per analysed position (its forward, C_mu, the fold) was fitted
-# at zero there, the per-token term carrying it along a response and the once-per-analysis term for a
-# prefix, so it is not counted.
+# estimate against the measured time; docs/speed.md has the fit). A term per analysed position (its
+# forward, C_mu, the fold) fits at zero, the per-token term carrying it along a response and the
+# once-per-analysis term for a prefix, so it is not counted.
 # Why these depend on the machine: only the matmuls follow that rate; the backward's elementwise ops and
 # the summary's passes do not, so the faster a machine's matmuls against the rest, the larger these are.
-# Fitted against the 2048^2 rate on an EPYC, they had fallen 16-32% short on a Xeon whose 2048^2 rate
-# was twice the EPYC's, part of it because the Xeon's products at SmolLM2's width ran at 271-306
-# GFLOP/s against 307-394 for the square (README, Speed). A streamed memory rate, tried as a second
-# rate for the rest, did not follow the measured times (`workers.throughput`).
 DIRECTION_EFFICIENCY = 1.04  # the batched backward and the block squares against 2 r P t at the matmul rate
 CONTEXT_TOKEN_FLOPS_PER_PARAM = 41  # per context token of each position: activations kept, attention
 GHOST_PAIR_FLOPS_PER_PARAM = 2.9  # times n (n + 1) per position in the ghost form: its squares, M

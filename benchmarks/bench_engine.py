@@ -125,7 +125,7 @@ def child_exact(model_id: str, device: str, tokens: int) -> dict:
     directions = analysis.summary["method"]["directions"]
     # freed, as a worker frees a finished analysis before it takes the next job: held, its sums kept
     # the next analysis from the memory they were lent (workers.fisher.recycled) and it touched as much
-    # new memory (SmolLM2, 5 tokens, 2-core Xeon: 8.0 s with partials, the first at 1.75 s)
+    # new memory
     analysis = None
     # as the service runs it: light partial summaries after each chunk, the first chunk kept small. A
     # worker's first analysis with them also touches memory for what the snapshots form (ghost squares,

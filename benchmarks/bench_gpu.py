@@ -1,4 +1,4 @@
-"""The engine on a CUDA GPU, in one prepared run: what a session that is lent a GPU machine runs.
+"""The engine on a CUDA GPU, in one prepared run: everything a GPU machine is asked to measure.
 
 Prints, and writes as JSON to ``--out``:
 - the device and the versions it ran with; its float32 matmul rate at full precision (4096^2 and
@@ -8,7 +8,7 @@ Prints, and writes as JSON to ``--out``:
 - SmolLM2-135M's shape exact on 5 and 32 tokens: end-to-end time (forward to finished summary, warm
   model, the fastest of three), the floor 2 r P T at the measured rate and the ratio to it, when the
   first partial result comes, peak GPU memory; at the worker's default chunk budget and at a larger one.
-  Targets (issue 9): 0.3 s and 1 s;
+  Targets: 0.3 s and 1 s;
 - precision on that shape (5 tokens): every stat of float32 and of TF32 against float64, all on the GPU,
   as the largest relative L2 error over stats;
 - Qwen3-1.7B's shape exact on 5 tokens (target 2 s).
@@ -17,9 +17,9 @@ The models are built from transformers' own config classes with random weights (
 on the GPU machine, and SmolLM2's 538 MB of weights exceed what travels there): matrices drawn as the
 architecture initializes them, norm weights around 1. The time depends on the shapes, not the values.
 
-On the GPU machine (its image has torch, transformers and numba, not pydantic): first, here,
-``bash benchmarks/device_wheels.sh`` puts the wheels it lacks into ``.whl/``; then one device call,
-carry ``[".whl"]``, timeout 540 s:
+On a GPU machine whose image has torch, transformers and numba but not pydantic: first, on a machine
+with this checkout's venv, ``bash benchmarks/device_wheels.sh`` puts the wheels it lacks into ``.whl/``;
+copy the checkout with ``.whl`` to the GPU machine and run there (within 9 minutes):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:. || exit; \\

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The wheels benchmarks/bench_gpu.py needs on the GPU machine beyond its image, which has torch,
 # transformers, tokenizers, numba and pytest but not pydantic (backend.settings and the schemas):
-# this venv's versions, built for that image's Python 3.12, into .whl/ (ignored by git). The device
-# call then carries .whl and installs them with --no-index (bench_gpu.py's docstring has the command).
+# this venv's versions, built for that image's Python 3.12, into .whl/ (ignored by git). The GPU
+# machine then installs them with --no-index (bench_gpu.py's docstring has the command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python

@@ -1,11 +1,12 @@
 """Regenerate workers/models/tiny_tokenizer.json, the tokenizer of the ``tiny-random`` model.
 
-A real byte-level BPE (GPT-2 style pre-tokenizer, 512 entries) trained on the essays in
-/work/shared/seeds, plus the running example "She drank a cup of tea/coffee" repeated so that
+A real byte-level BPE (GPT-2 style pre-tokenizer, 512 entries) trained on the essays the dashboard is
+built on ("The Gradient Is a Covariance", "Sparsity Comes from Score Centering", as plain-text files in
+the folder given with --seeds), plus the running example "She drank a cup of tea/coffee" repeated so that
 " tea" and " coffee" are single tokens and the example prefix encodes to a handful of tokens.
 The committed JSON is what the model uses; this script only exists to regenerate it.
 
-Usage: python scripts/make_tiny_tokenizer.py [--seeds DIR] [--out FILE]
+Usage: python scripts/make_tiny_tokenizer.py --seeds DIR [--out FILE]
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ EXAMPLE_SENTENCES = [
 ]
 EXAMPLE_REPEATS = 200
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SEEDS = Path("/work/shared/seeds")
 DEFAULT_OUT = REPO_ROOT / "workers" / "models" / "tiny_tokenizer.json"
 
 
@@ -70,7 +70,7 @@ def check(tokenizer) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=Path, default=DEFAULT_SEEDS)
+    parser.add_argument("--seeds", type=Path, required=True, help="the folder of the essays' .txt files")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"

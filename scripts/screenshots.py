@@ -16,7 +16,7 @@ dashboard in headless Debian Chromium and saves, to docs/screenshots/smollm2/:
 - explorer.png: the explorer on that analysis, at a later response position, with a layer opened.
 - compare.png: the compare panel, "She drank a cup of" at temperature 1 (the landing view) against 0.7.
 
-On a 2-core CPU the sampled analysis takes 10 to 30 minutes, each prefix-only one a few; `--cache`
+On a small CPU the sampled analysis takes 10 to 30 minutes, each prefix-only one a few; `--cache`
 keeps them for the next run.
 
     .venv/bin/python scripts/screenshots.py [--out docs/screenshots/smollm2] [--model smollm2-135m]

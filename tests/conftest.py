@@ -1,4 +1,4 @@
-"""Shared fixtures: the real models, loaded once per test session.
+"""Shared fixtures: the real models, loaded once per test run.
 
 The models are fetched into the cache when missing (never skipped): the suite must exercise the real
 SmolLM2 and the deterministic tiny-random model on every machine.

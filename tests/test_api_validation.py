@@ -1,4 +1,4 @@
-"""Every bad request of issue 3 gets a 4xx whose message says what to fix (embedded app, no worker)."""
+"""Every bad request gets a 4xx whose message says what to fix (embedded app, no worker)."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ def _assert_same(reused, whole, path="summary") -> None:
 
 
 class _Pool:
-    """The model pool of a test: the session's tiny-random, loaded once."""
+    """The model pool of a test: the shared tiny-random fixture, loaded once."""
 
     def __init__(self, loaded):
         self.loaded = loaded

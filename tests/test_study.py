@@ -32,8 +32,8 @@ Table = dict[str, dict[str, torch.Tensor]]
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models: on a shared 2-core machine the hand-off between threads costs more than each matmul
-    (ten times the run time here), so these tests run on one."""
+    """Tiny models: on a machine with few cores the hand-off between threads costs more than each
+    tiny matmul, so these tests run on one."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -145,9 +145,9 @@ class _Partials:
     """Partial summaries while the directions run, no more often than their own cost allows: at least
     ``MIN_INTERVAL_S`` apart and ``COST_MULTIPLE`` times the last one's cost, so that after the first
     they slow the analysis by a tenth at most; none once 99% of the trace is in (the exact result is
-    moments away). Why a tenth: on SmolLM2 a partial costs 0.6-1.4 s (the running sums copied, the
-    ghost squares formed, the totals), and at three times its cost two partials made a 5-token
-    analysis 20-40% slower on the project's 2-core machine."""
+    moments away). Why a tenth: a partial copies the running sums, forms the ghost squares and takes the
+    totals, about a second on SmolLM2, and at three times its cost two partials made a 5-token
+    analysis a fifth to two fifths slower on a CPU (benchmarks/bench_engine.py prints both)."""
 
     MIN_INTERVAL_S = 1.0
     COST_MULTIPLE = 9

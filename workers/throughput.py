@@ -2,15 +2,13 @@
 in seconds.
 
 Why the model's width and not one large square: the batched backward multiplies at the model's shapes,
-and how fast those run against a 2048^2 square differs by machine. The estimate's constants
-(`backend.cost`) were fitted against the square's rate on an EPYC, where SmolLM2's shapes ran as fast as
-it (206-213 GFLOP/s against 204-207), and fell 16-32% short on a Xeon where they ran at 271-306 against
-307-394 (README, Speed). The square's rate (`measure`) stays the benchmarks' floor.
+and how fast those run against a 2048^2 square differs by machine: constants fitted against the square
+on one CPU fell short by a fifth to a third on another whose products at SmolLM2's width ran slower
+than its square (docs/speed.md). The square's rate (`measure`) stays the benchmarks' floor.
 
-Why one rate: a second, the memory's (a float32 sum streamed out of cache), was measured around each of
-the benchmark's analyses and did not follow them: it read 43-81 GB/s within one run, the same analyses
-took at most 15% longer or shorter between two runs and not with it, and the estimate through it spread
-0.70-1.22x of the measured times against 0.88-1.13x through the matmul rate alone.
+Why one rate: a second, the memory's (a float32 sum streamed out of cache), varied within one run while
+the analyses' times did not follow it, and estimates through it spread wider than through the matmul
+rate alone (docs/speed.md).
 
 Why remembered: measuring takes a second, and a CLI run for a 2-direction estimate should not spend it
 every time. The rate is kept per device (CPU model and thread count, or the GPU's name) and width in the
@@ -57,8 +55,8 @@ def _cpu_model() -> str:
 def _sustained(target: torch.device, step: Callable[[], object], units: float, seconds: float) -> float:
     """``units`` per call of ``step``, repeated for ``seconds`` after one warm-up call, per second.
 
-    Why sustained rather than the fastest of a few: on the 2-core CPU machine the fastest of five 2048^2
-    multiplies ranged 101-181 GFLOP/s between processes minutes apart, a second of them 132-146, and
+    Why sustained rather than the fastest of a few: on a small shared CPU the fastest of five 2048^2
+    multiplies varied nearly twofold between processes minutes apart, a second of them far less, and
     the engine's measured times followed the second (the same analysis took the same time at either).
     """
     step()
