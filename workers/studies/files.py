@@ -79,15 +79,28 @@ def read_masks(path: Path) -> tuple[dict[float, dict[str, torch.Tensor]], dict[s
     return tensors, masks.metadata
 
 
-def write_arrays(path: Path, part: StudyPart) -> None:
-    """``F/<name>``, ``U/<name>``, ``M/<name>`` (averages over the responses, float32) and the sampled ids:
-    ``input_ids/<prompt>`` and ``continuation_ids/<prompt>/<response>``."""
+def averaged_arrays(part: StudyPart) -> dict[str, dict[str, torch.Tensor]]:
+    """F, U and M by parameter name: each response's sums over its positions, averaged over the
+    responses (float32, on the CPU)."""
     sums = part.sums
     count = max(sums.responses, 1)
-    tensors: dict[str, torch.Tensor] = {}
-    for label, stat in SAVED_ARRAYS.items():
-        for name, value in sums.iter_stat(stat):
-            tensors[f"{label}/{name}"] = (value.double() / count).float().cpu().contiguous()
+    return {
+        label: {
+            name: (value.double() / count).float().cpu().contiguous() for name, value in sums.iter_stat(stat)
+        }
+        for label, stat in SAVED_ARRAYS.items()
+    }
+
+
+def write_arrays(path: Path, part: StudyPart) -> None:
+    """``F/<name>``, ``U/<name>``, ``M/<name>`` (``averaged_arrays``) and the sampled ids:
+    ``input_ids/<prompt>`` and ``continuation_ids/<prompt>/<response>``."""
+    sums = part.sums
+    tensors: dict[str, torch.Tensor] = {
+        f"{label}/{name}": value
+        for label, arrays in averaged_arrays(part).items()
+        for name, value in arrays.items()
+    }
     for record in part.responses:
         tensors.setdefault(
             f"input_ids/{record.prompt_index}", torch.tensor(record.input_ids, dtype=torch.int64)
