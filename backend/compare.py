@@ -1,4 +1,4 @@
-"""Two analyses of the same parameters side by side (DESIGN.md 8): their top-q sets and tensors.
+"""Two analyses of the same parameters side by side (docs/design.md §8): their top-q sets and tensors.
 
 Why in the API and numpy: the top-q sets of every finished analysis are on disk as one byte per
 coordinate (level l: in the l-th smallest set; written by the worker, ``workers.fisher.masks``), so a

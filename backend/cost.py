@@ -2,7 +2,7 @@
 
 Why: the API refuses a request whose estimate exceeds the configured budget and names cheaper methods,
 instead of tying up a worker for an hour. The exact method back-propagates r directions through the
-model at every analysed position, about 2 r P flop per context token (DESIGN §3), r <= d_model.
+model at every analysed position, about 2 r P flop per context token (docs/design.md §3), r <= d_model.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def probe_directions(info: SizedModel, job: AnalysisJob) -> list[int]:
 
 def estimate_flops(info: SizedModel, job: AnalysisJob) -> float:
     """About 2 P flop per context token and direction (the r directions and the probes), plus the
-    forward pass (DESIGN §3)."""
+    forward pass (docs/design.md §3)."""
     r = backward_directions(info, job)
     per_position = zip(context_lengths(job), probe_directions(info, job), strict=True)
     return 2.0 * info.n_params * sum(n * (r + probes + 1) for n, probes in per_position)

@@ -7,7 +7,7 @@ folders; only they load weights (``workers.models``).
 Every id resolves to a folder ``<cache_dir>/<id>/`` with ``config.json``, safetensors weights,
 ``tokenizer.json`` and ``manifest.json`` (written last: it marks the folder complete). The built-in
 ids are fetched by ``fisherscope fetch``; an operator adds their own with ``fisherscope models add``
-(the manifest then says ``"registered": true``). Certificates (DESIGN.md 3a) live beside them in
+(the manifest then says ``"registered": true``). Certificates (docs/design.md §3a) live beside them in
 ``<cache_dir>/certificates/``, one file per weights digest and compute dtype.
 """
 

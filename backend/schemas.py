@@ -32,7 +32,7 @@ RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
 class SamplerSpec(BaseModel):
-    """The sampler mu as a person writes it (docs/contract.md, DESIGN §2)."""
+    """The sampler mu as a person writes it (docs/contract.md, docs/design.md §2)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -196,7 +196,7 @@ class TopCoordinates(BaseModel):
 
 
 class CertificatePublic(BaseModel):
-    """DESIGN.md 3a: the engine against plain autograd on this model (the fields of the engine's own)."""
+    """docs/design.md §3a: the engine against plain autograd on this model (the fields of the engine's own)."""
 
     passed: bool
     dtype: str
@@ -239,7 +239,7 @@ class TensorPair(BaseModel):
 
 
 class ComparePublic(BaseModel):
-    """Two analyses of models with the same parameter names, side by side (DESIGN.md 8)."""
+    """Two analyses of models with the same parameter names, side by side (docs/design.md §8)."""
 
     a: str
     b: str

@@ -5,7 +5,7 @@ Why not ``backend.cost.estimate_flops`` per response: it prices an analysis, whi
 forms the Fisher under p (d more directions per position); a study's exact pass needs the directions of
 C_mu and one for the mean shift, computes a context shared by several responses once (the prompt
 itself always), and adds the score backward passes of its estimators and the reference Fisher at the
-prompts. Each part is about 2 P flop per context token and direction, as in DESIGN.md 3.
+prompts. Each part is about 2 P flop per context token and direction, as in docs/design.md §3.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def model_id_problem(model_id: str) -> str | None:
     return None if is_model_id(model_id) else f"model id {model_id!r} must be {MODEL_ID_RULE}"
 
 
-# Per-parameter statistics (DESIGN.md section 2), in the order summaries and files list them.
+# Per-parameter statistics (docs/design.md §2), in the order summaries and files list them.
 STATS: tuple[str, ...] = (
     "fisher",
     "uncentered",

@@ -1,4 +1,4 @@
-"""The compare panel's figures (DESIGN.md 8): two analyses of the same parameters, side by side.
+"""The compare panel's figures (docs/design.md §8): two analyses of the same parameters, side by side.
 
 Pure functions of what the API returns: the compare (`GET /compare`: per-tensor totals of both, and the
 overlap and Jaccard of their top-q Fisher sets beside chance), the two overviews (next-token

@@ -1,4 +1,4 @@
-"""The compare panel's components (DESIGN.md 8): B's controls, its figures, the sets table, the CSV.
+"""The compare panel's components (docs/design.md §8): B's controls, its figures, the sets table, the CSV.
 
 B is A with what the panel sets: every field starts empty, meaning "as A" (its placeholder shows A's
 value), so changing one control compares A against A with that one thing changed.

@@ -1,7 +1,7 @@
 """What the figures draw, fetched on the dashboard's server for an analysis id and kept a while.
 
 Why this exists: a whole summary held in the browser is posted back on every callback, and a response
-of a few tokens outgrows any body limit (DESIGN.md 6, the 413). So the browser holds ids and view state
+of a few tokens outgrows any body limit (docs/design.md §6, the 413). So the browser holds ids and view state
 only; the callbacks run here, in Python, and ask the API for the part a figure needs: the overview (the
 summary with its first position whole), one position, one tensor's pooled view, a compare. A finished
 analysis never changes, so each answer is kept by id in a small LRU and a slide step or a centering

@@ -74,7 +74,7 @@ def test_centering_toggle_switches_the_per_tensor_statistic(summary):
         assert centered[name] == tensor["totals"]["fisher"]
         assert uncentered[name] == tensor["totals"]["uncentered"]
         assert raw[name] == tensor["totals"]["raw"]
-        # uncentered = fisher + mean_shift^2 (DESIGN.md section 2), to the engine's float32 accumulation
+        # uncentered = fisher + mean_shift^2 (docs/design.md §2), to the engine's float32 accumulation
         assert uncentered[name] == pytest.approx(centered[name] + tensor["totals"]["mean_shift_sq"], rel=1e-5)
 
 

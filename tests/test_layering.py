@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md 4a): the import-linter contracts in pyproject.toml hold."""
+"""Dependencies point one way (docs/design.md §4): the import-linter contracts in pyproject.toml hold."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def test_model_ids_are_an_allow_list(model: str) -> None:
 
 
 def test_cost_exact_matches_design_figure() -> None:
-    """DESIGN §3: about 0.78 TFLOP for SmolLM2-135M on a 5-token prefix."""
+    """docs/design.md §3: about 0.78 TFLOP for SmolLM2-135M on a 5-token prefix."""
     info = type("Info", (), {"n_params": 134_515_008, "d_model": 576, "tied_embeddings": True})()
     job = AnalysisJob(model="smollm2-135m", weights_digest="d", input_ids=[1, 2, 3, 4, 5])
     cost = estimate_cost(info, job, flops_per_second=1e12)

@@ -1,4 +1,4 @@
-"""Studies (DESIGN.md 7) against float64 brute force, their masks against direct set computations, the
+"""Studies (docs/design.md §7) against float64 brute force, their masks against direct set computations, the
 Monte Carlo Fisher's convergence, and ``fisherscope study`` end to end with its bad-input errors."""
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ def run_analysis(
     on_partial: PartialCallback | None = None,
     keep_fisher_roots: tuple[int, int] | None = None,
 ) -> Analysis:
-    """Compute every quantity of DESIGN.md section 2 for ``request`` on ``loaded``'s model.
+    """Compute every quantity of docs/design.md §2 for ``request`` on ``loaded``'s model.
 
     ``keep_fisher_roots``: the pooled grid (rows, cols) at which to keep ``FisherRoots``, so that a
     later reward on the same analysis can be answered by ``with_reward``.

@@ -3,7 +3,7 @@
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from workers.notebook import analyze
 
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
     result = analyze(model, AutoTokenizer.from_pretrained(path), "She drank a cup of",
                      reward={" tea": 1.0}, temperature=0.7, top_k=50)
     result.summary["totals"]["fisher"], result.per_parameter("fisher")["lm_head.weight"]

@@ -1,4 +1,4 @@
-"""The compare panel (DESIGN.md 8): post B (A with the panel's overrides), follow it, draw the two side by
+"""The compare panel (docs/design.md §8): post B (A with the panel's overrides), follow it, draw the two side by
 side, and export the view as CSV.
 
 B is polled like A (`frontend.callbacks.run`); its figures need both finished. Everything is read by id

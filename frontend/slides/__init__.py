@@ -1,4 +1,4 @@
-"""The ten slides of DESIGN.md section 5, in order: one module per essay section."""
+"""The ten slides of docs/design.md §5, in order: one module per essay section."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``fisherscope study``: the Fisher of a prompt set over sampled responses, Fisher masks, the paper's
-statistics, from a JSONL prompt file to a mask file and a summary (DESIGN.md 7).
+statistics, from a JSONL prompt file to a mask file and a summary (docs/design.md §7).
 
 Why every check comes first: a study runs for minutes to hours, so the prompt file, the options and the
 cost are checked before the model loads, each mistake reported as one line (exit code 2), and nothing

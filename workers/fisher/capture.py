@@ -6,7 +6,7 @@ wraps it, and hands every result back untouched, so the forward computes exactly
 without us (no patched ``forward``, no hook that returns anything).
 
 A parameter gets a *form* when every use of it is a call whose per-weight sensitivity can be formed
-from activations (DESIGN.md 3a):
+from activations (docs/design.md §3a):
 
 - matrix: ``y = x W^T`` (nn.Linear, fused qkv/gate_up, ``x @ W.T``) or ``y = x W`` (GPT-2's Conv1D
   via ``addmm``), on the whole matrix or on one slice ``W[e]`` of a 3-D expert tensor (the rows are

@@ -1,4 +1,4 @@
-"""The certificate of DESIGN.md 3a: before a model is analysed, show that the engine is exact on it.
+"""The certificate of docs/design.md §3a: before a model is analysed, show that the engine is exact on it.
 
 (0) Every parameter is finite, and the model is causal by behaviour: changing later tokens leaves
 the logits at earlier positions as they were (an encoder with bidirectional attention fails here,

@@ -1,4 +1,4 @@
-"""The logit Jacobian J = dz/dh at one position (DESIGN.md 3a).
+"""The logit Jacobian J = dz/dh at one position (docs/design.md §3a).
 
 Whatever a model does after its LM head belongs to the logits: z = g(l), l = W h (+ b), with g
 elementwise (Gemma 2's final softcapping c tanh(l / c), a logit scale). Then every parameter outside

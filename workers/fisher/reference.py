@@ -66,7 +66,7 @@ def _weighted(q: torch.Tensor, kappa: torch.Tensor) -> torch.Tensor:
 def brute_force_moments(
     kappa: Params, p: torch.Tensor, mu: torch.Tensor, reward: torch.Tensor | None
 ) -> dict[str, Params]:
-    """Every per-parameter stat of DESIGN.md section 2 from explicit sums over tokens."""
+    """Every per-parameter stat of docs/design.md §2 from explicit sums over tokens."""
     out: dict[str, Params] = {s: {} for s in ("fisher", "uncentered", "raw", "mean_shift", "common", "rho")}
     if reward is not None:
         out["policy_grad"] = {}

@@ -1,6 +1,6 @@
 """A new reward on an analysis already made: the policy gradient and its bound, without the Fisher.
 
-Of every per-parameter moment only two depend on the reward r over next tokens (DESIGN.md section 2):
+Of every per-parameter moment only two depend on the reward r over next tokens (docs/design.md §2):
   policy_grad_i = sum_t Cov_mu_t(r, kappa_i) = sum_t g_t^T u_i, g_t = sum_a mu_a (r_a - rbar_t) j_a,
 one backward direction per position, and
   bound_i = sum_t std_mu_t(r) sqrt(fisher_t,i),

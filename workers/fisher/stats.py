@@ -1,4 +1,4 @@
-"""The per-parameter stats of DESIGN.md section 2, derived from base moments.
+"""The per-parameter stats of docs/design.md §2, derived from base moments.
 
 Base moments (fisher, fisher_p, kbar_mu, kbar_p, policy_grad) are what the direction pass computes;
 every reported stat is a cheap elementwise function of them, formed one tensor at a time so that no

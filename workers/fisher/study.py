@@ -1,4 +1,4 @@
-"""The sequence Fisher of a study (DESIGN.md 7): F, U and M summed over the positions of sampled responses.
+"""The sequence Fisher of a study (docs/design.md §7): F, U and M summed over the positions of sampled responses.
 
 Why not ``analyze_sequence``: off the policy it also forms the Fisher under p at every position (d more
 directions, for rho), which a study never reports; under top-k 20 that is thirty times the work. Here a
@@ -7,7 +7,7 @@ context shared by several responses of a prompt (always the prompt itself) is co
 as often as it occurs. The running sums hold P floats per statistic whatever the number of prompts,
 responses and tokens, and the sums of two parts of a study (disjoint prompts) add up (``merge``).
 
-Statistics (sums; divide by the number of responses for DESIGN's averages):
+Statistics (sums; divide by the number of responses for the averages of docs/design.md §7):
   fisher            F = sum_{n,k} sum_t Var_mu[kappa](s_t)
   mean_shift        M = sum_{n,k} sum_t (kbar^mu - kbar^p)(s_t)
   mean_shift_sq     sum_{n,k} sum_t (kbar^mu - kbar^p)(s_t)^2, so that U = F + mean_shift_sq
@@ -91,7 +91,7 @@ class StudySums:
     targets: int = 0
     directions: int = 0  # directions back-propagated by the exact pass
     direction_tokens: int = 0  # sum over computed contexts of directions x context length: the pass's
-    # floor is 2 P direction_tokens flop (DESIGN.md 3: about 2 r P T per context)
+    # floor is 2 P direction_tokens flop (docs/design.md §3: about 2 r P T per context)
 
     @classmethod
     def of(cls, model: nn.Module) -> StudySums:

@@ -4,7 +4,7 @@ Accepts an id in the registry (weights from the cache, identified by the manifes
 Hugging Face model folder, or a hub id. Attention runs through sdpa where the architecture supports
 it and nothing in its config needs eager (attention softcapping); mixture-of-experts layers run
 transformers' eager expert loop (the same function as its grouped kernels, one matrix per expert).
-Every load ends with the certificate of DESIGN.md 3a, cached per weights digest and engine version:
+Every load ends with the certificate of docs/design.md §3a, cached per weights digest and engine version:
 a model the engine cannot make exact is refused here, with the module named. Before it, a model that
 is not a causal LM by construction, or a load that would invent or drop weights, is refused with the
 reason in one line (``workers.models.integrity``). ``ModelPool`` keeps one

@@ -4,7 +4,7 @@ Why a copy in the cache rather than a pointer to the source: the weights' digest
 cache key, so the registered weights must not change under it, and a Redis worker on another machine
 reads the same cache folder. The source (a local Hugging Face folder, or a hub id where the operator
 has access and a network) is saved once as safetensors in its own dtype with its tokenizer, loaded
-back in the compute dtype and certified (DESIGN.md 3a); only a model that passes is moved into place.
+back in the compute dtype and certified (docs/design.md §3a); only a model that passes is moved into place.
 Any failure leaves the registry as it was, and says in one line what to fix.
 """
 

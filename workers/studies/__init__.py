@@ -1,4 +1,4 @@
-"""Studies (DESIGN.md 7): the Fisher of a prompt set over sampled responses, Fisher masks, and the
+"""Studies (docs/design.md §7): the Fisher of a prompt set over sampled responses, Fisher masks, and the
 paper's statistics, from a prompt file to a mask file and a summary.
 
 ``prompts`` reads and encodes the prompt file, ``rewards`` scores decoded responses against targets,

@@ -1,7 +1,7 @@
 """The summary of a finished study (all parts merged): what the JSON file holds, and the Fisher's top-q
 sets the mask file is cut from.
 
-Why averages: DESIGN.md 7 defines F = (1 / NK) sum_{n,k} sum_t fisher(s_t); the running sums are kept
+Why averages: docs/design.md §7 defines F = (1 / NK) sum_{n,k} sum_t fisher(s_t); the running sums are kept
 as sums (parts add), and divided by the number of responses here and in the saved arrays.
 """
 
