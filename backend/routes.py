@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from backend.access import rate_limited, require_token
 from backend.export_choice import parse_export_choice
+from backend.fastjson import dumps
 from backend.schemas import (
     AnalysisCreate,
     AnalysisPublic,
@@ -26,6 +27,7 @@ from backend.schemas import (
 )
 from backend.service import AnalysisService, ServiceError
 from backend.store import ENGINE_RUNS, REWARD_REUSES
+from backend.summary import AnalysisOverview, PositionSummary
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "malformed body, or a Host this server does not answer to"},
@@ -85,19 +87,20 @@ def read_analysis(analysis_id: AnalysisId, service: Service) -> Response:
     return JsonBytes(service.get_json(analysis_id))
 
 
-@api.get("/analyses/{analysis_id}/overview", response_model=dict[str, Any])
-def read_overview(analysis_id: AnalysisId, service: Service) -> dict[str, Any]:
+@api.get("/analyses/{analysis_id}/overview", response_model=AnalysisOverview)
+def read_overview(analysis_id: AnalysisId, service: Service) -> Response:
     """The finished summary with its first position whole and `position_index` listing every position
-    in brief: what the slides draw, as small for a 64-token response as for a prefix."""
-    return service.overview(analysis_id)
+    in brief: what the slides draw, as small for a 64-token response as for a prefix. (The summary was
+    checked against its model when it was stored; it is sent as stored.)"""
+    return JsonBytes(dumps(service.overview(analysis_id)))
 
 
-@api.get("/analyses/{analysis_id}/positions/{index}", response_model=dict[str, Any])
+@api.get("/analyses/{analysis_id}/positions/{index}", response_model=PositionSummary)
 def read_position(
     analysis_id: AnalysisId, index: Annotated[int, PathParam(ge=0, le=100_000)], service: Service
-) -> dict[str, Any]:
+) -> Response:
     """One analysed position's whole summary (p and mu, spectrum, output layer, totals)."""
-    return service.position(analysis_id, index)
+    return JsonBytes(dumps(service.position(analysis_id, index)))
 
 
 @api.get("/compare", response_model=ComparePublic)

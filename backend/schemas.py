@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from backend.summary import AnalysisSummary, CostEstimate, TopCoordinate
 from backend.vocabulary import EngineKind, SamplerKind, parse_method
 
 # Bumped whenever the engine's numbers change, so old cache entries (and certificates) stop matching.
@@ -120,22 +121,11 @@ class AnalysisJob(BaseModel):
         return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
 
 
-class CostEstimate(BaseModel):
-    flops: float = Field(..., description="estimated floating-point operations")
-    seconds: float = Field(
-        ...,
-        description="the direction pass at its measured efficiency plus per-position and summary work, at "
-        "the configured (or measured) throughput",
-    )
-    directions: int = Field(..., description="backward directions per analysed position")
-    upper_bound: bool = Field(False, description="true when the estimate is an upper bound (truncated)")
-
-
 class PartialResult(BaseModel):
     """What a running exact analysis has so far: the directions done carry `kept_share` of trace(C_mu)."""
 
     kept_share: float = Field(..., ge=0.0, le=1.0, description="share of the C_mu trace the result covers")
-    result: dict[str, Any] = Field(
+    result: AnalysisSummary = Field(
         ...,
         description="the summary schema from the directions done: the Fisher of C_mu truncated to them, a "
         "lower bound but on the rows of a tied table that the context reads (their cross term has either "
@@ -154,7 +144,9 @@ class AnalysisPublic(BaseModel):
     cost: CostEstimate | None = None
     error: str | None = None
     partial: PartialResult | None = Field(default=None, description="while running: the result so far")
-    result: dict[str, Any] | None = Field(default=None, description="the summary JSON when done")
+    result: AnalysisSummary | None = Field(
+        default=None, description="the summary when done (docs/contract.md)"
+    )
 
 
 class ErrorBody(BaseModel):
@@ -184,19 +176,13 @@ class TensorView(BaseModel):
     )
 
 
-class TopCoordinate(BaseModel):
-    tensor: str
-    index: list[int]
-    value: float
-
-
 class TopCoordinates(BaseModel):
     stat: str
     coordinates: list[TopCoordinate]
 
 
 class CertificatePublic(BaseModel):
-    """docs/design.md §3a: the engine against plain autograd on this model (the fields of the engine's own)."""
+    """docs/design.md §3a: the engine against plain autograd on this model (the engine's own fields)."""
 
     passed: bool
     dtype: str
@@ -212,14 +198,6 @@ class CertificatePublic(BaseModel):
     routes: dict[str, int] = Field(default_factory=dict, description="tensors per path: matrix, expert, ...")
     autograd_matrices: list[str] = Field(default_factory=list, description="matrices without a fast form")
     seconds: float = 0.0
-
-
-class PositionEntry(BaseModel):
-    """One analysed position, in brief (its whole summary: GET .../positions/{index})."""
-
-    index: int
-    context_length: int
-    target: dict[str, Any] | None = Field(default=None, description="the response token it predicts")
 
 
 class SetComparison(BaseModel):

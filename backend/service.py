@@ -18,7 +18,7 @@ from backend.compare import set_comparison, tensor_pairs
 from backend.cost import cheaper_methods, estimate_cost
 from backend.disk import mark_used
 from backend.export_choice import BYTES_PER_VALUE, check_selects_something, export_key, export_record
-from backend.fastjson import is_strict_json_object, loads
+from backend.fastjson import dumps, is_strict_json_object, loads
 from backend.normalize import RequestError, check_model_id, check_text, normalize
 from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, JobQueue
 from backend.schemas import (
@@ -32,7 +32,6 @@ from backend.schemas import (
     JobStatus,
     ModelPublic,
     PooledView,
-    PositionEntry,
     SetComparison,
     TensorPair,
     TensorView,
@@ -43,6 +42,7 @@ from backend.schemas import (
 )
 from backend.settings import Settings
 from backend.store import Store, StoredAnalysis, decode_view
+from backend.summary import AnalysisSummary, PositionEntry
 from backend.tokens import TokenCodec, codec_for_file
 from backend.vocabulary import STATS, TOP_FRACTIONS
 
@@ -209,12 +209,12 @@ class AnalysisService:
             request=AnalysisJob.model_validate(meta["request"]),
             cost=meta.get("cost"),
             error=meta.get("error"),
-            result=result,
+            result=None if result is None else AnalysisSummary.model_validate(result),
         )
 
     def get(self, analysis_id: str) -> AnalysisPublic:
         analysis_id, (meta, summary_json) = self._resolve(analysis_id)
-        return self._public(analysis_id, meta, loads(summary_json) if summary_json else None)
+        return self._public(analysis_id, meta, loads(_strict(summary_json)) if summary_json else None)
 
     def get_json(self, analysis_id: str) -> bytes:
         """The body of GET /api/v1/analyses/{id} as JSON bytes (same schema as `get`)."""
@@ -231,10 +231,7 @@ class AnalysisService:
             if partial is not None and head.endswith(_NULL_PARTIAL_TAIL):
                 head = head[: -len(_NULL_PARTIAL_TAIL)] + b',"partial":' + partial + _NULL_RESULT_TAIL
             return head, public.status
-        if is_strict_json_object(summary_json) and head.endswith(_NULL_RESULT_TAIL):
-            return head[: -len(_NULL_RESULT_TAIL)] + b',"result":' + summary_json + b"}", public.status
-        public.result = loads(summary_json)  # NaN from an older store: pydantic writes null
-        return public.model_dump_json().encode("utf-8"), public.status
+        return head[: -len(_NULL_RESULT_TAIL)] + b',"result":' + _strict(summary_json) + b"}", public.status
 
     def _done(self, analysis_id: str) -> tuple[str, StoredAnalysis]:
         """The analysis an id answers for and its stored result (unparsed), or 409 when not done."""
@@ -430,6 +427,11 @@ def _check_stat(stat: str) -> None:
 def _group_bounds(n_blocks: int, n_groups: int) -> np.ndarray:
     n_groups = max(1, min(n_groups, n_blocks))
     return np.unique(np.linspace(0, n_blocks, n_groups + 1).round().astype(int))
+
+
+def _strict(summary_json: bytes) -> bytes:
+    """Stored summary bytes as strict JSON: an older store's NaN or Infinity written again as null."""
+    return summary_json if is_strict_json_object(summary_json) else dumps(loads(summary_json))
 
 
 def coarsen(view: dict, rows: int, cols: int) -> PooledView:

@@ -21,12 +21,18 @@ from backend.store import LocalStore, RedisStore, Store
 from tests.requirements import require
 
 REDIS_URL = "redis://127.0.0.1:6379/11"
-SUMMARY = {
-    "model": {"id": "tiny-random", "n_params": 1234},
-    "tokens": {"prefix": [{"id": 1, "text": 'caf\u00e9 \u2013 "quoted" \\ NaN'}], "continuation": []},
-    "totals": {"fisher": 1.25e-7, "raw": 5.0, "rho_mean": 0.6},
-    "positions": [{"index": 0, "chi2": None, "spectrum": {"eigenvalues": [3.0, 1.0, 0.0]}}],
-    "top_coordinates": {"fisher": [{"tensor": "lm_head.weight", "index": [3, 4], "value": 0.5}]},
+# an engine summary (tiny-random), its first token's text holding what JSON must escape
+SUMMARY = json.loads((Path(__file__).parent / "fixtures" / "summary_tiny_random.json").read_text())
+SUMMARY["tokens"]["prefix"][0]["text"] = 'caf\u00e9 \u2013 "quoted" \\ NaN'
+
+# a partial result's light summary: no concentration, top coordinates, overlap, cost or timing yet
+PARTIAL = {
+    **SUMMARY,
+    "concentration": None,
+    "top_coordinates": None,
+    "overlap": None,
+    "cost": None,
+    "timing": None,
 }
 
 needs_tiny = pytest.mark.usefixtures("tiny_random")  # fetched into the cache when missing
@@ -82,7 +88,7 @@ def test_local_store_splices_the_summary_unchanged(tmp_path: Path) -> None:
 @needs_tiny
 def test_nan_in_a_summary_is_served_as_null(tmp_path: Path) -> None:
     settings = Settings(redis_url=None, results_dir=tmp_path / "results")
-    summary = {**SUMMARY, "totals": {"fisher": math.nan, "raw": math.inf}}
+    summary = {**SUMMARY, "totals": {"fisher": math.nan, "raw": math.inf}}  # non-finite: null on the wire
     store = LocalStore(settings.results_dir)
     service, body, analysis_id = cached_analysis(store, settings, summary)
     assert check_fast_path(service, body, analysis_id)["result"]["totals"] == {"fisher": None, "raw": None}
@@ -135,7 +141,7 @@ def test_http_answers_are_the_pinned_schema(tmp_path: Path) -> None:
     assert got.json() == posted.json() and got.json()["result"] == SUMMARY
     assert client.get("/api/v1/analyses/" + "0" * 64).status_code == 404
     top = client.get(f"/api/v1/analyses/{analysis_id}/top", params={"stat": "fisher", "limit": 1})
-    assert top.json()["coordinates"] == SUMMARY["top_coordinates"]["fisher"]
+    assert top.json()["coordinates"] == SUMMARY["top_coordinates"]["fisher"][:1]
 
 
 @needs_tiny
@@ -155,12 +161,12 @@ def test_a_running_analysis_answers_its_latest_partial_result(tmp_path: Path, ki
     store.update_meta(analysis_id, status="running", stage="directions", progress=0.3)
     store.touch_lease(analysis_id)
     assert json.loads(service.get_json(analysis_id))["partial"] is None
-    partial = {"kept_share": 0.63, "result": {"totals": {"fisher": 1.5}, "concentration": None}}
+    partial = {"kept_share": 0.63, "result": PARTIAL}
     store.save_partial(analysis_id, partial)
     answer = json.loads(service.get_json(analysis_id))
     assert answer["partial"] == partial and answer["result"] is None
     assert AnalysisPublic.model_validate(answer).partial.kept_share == 0.63
-    store.save_result(analysis_id, {"totals": {"fisher": 2.0}}, {})
+    store.save_result(analysis_id, SUMMARY, {})
     done = json.loads(service.get_json(analysis_id))
-    assert done["partial"] is None and done["result"] == {"totals": {"fisher": 2.0}}
+    assert done["partial"] is None and done["result"] == SUMMARY
     assert store.get_partial_json(analysis_id) is None

@@ -225,7 +225,12 @@ def test_a_light_summary_has_the_full_summarys_totals(tiny_random, sampler):
     )
     assert light["concentration"] is None and light["top_coordinates"] is None
     assert light["totals"] == full["totals"]
-    assert light["tensors"] == [{k: v for k, v in t.items() if k != "concentration"} for t in full["tensors"]]
+    assert all(t["concentration"] is None for t in light["tensors"])  # a full summary's second pass
+
+    def without_concentration(tensors: list[dict]) -> list[dict]:
+        return [{k: v for k, v in t.items() if k != "concentration"} for t in tensors]
+
+    assert without_concentration(light["tensors"]) == without_concentration(full["tensors"])
     assert light["layers"] == full["layers"] and light["kinds"] == full["kinds"]
 
 

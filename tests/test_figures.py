@@ -139,7 +139,7 @@ def test_gradient_slide_draws_the_engines_row_gradient_and_bound(summary):
 def test_gradient_slide_without_reward_draws_zero_rows(response_summary):
     """No reward: the engine reports no row gradient nor bound, both are 0, and the overlap asks for one."""
     top = response_summary["positions"][0]["p"]["top"]
-    assert all("row_policy_grad" not in token and "row_bound" not in token for token in top)
+    assert all(token["row_policy_grad"] is None and token["row_bound"] is None for token in top)
     figure = s02_gradient_covariance.figure(response_summary, "on")
     assert list(figure.data[0].y) == list(figure.data[1].y) == [0.0] * 12
     assert "set a reward" in figure.layout.annotations[-1].text

@@ -208,7 +208,7 @@ def run_analysis(
     )
     report("summary", 0.0)
     summary = build_summary(loaded, request, sequence, HeadLayout.of(model), reward)
-    summary["timing"] = {"seconds": time.perf_counter() - started}
+    summary["timing"] = {"seconds": time.perf_counter() - started, "fisher_reused": False}
     report("summary", 1.0)
     return Analysis(request, sequence, summary, roots)
 
@@ -306,4 +306,6 @@ def build_summary(
         "positions": positions,
         **whole,
         "response": response_summary(sequence, decode),
+        "cost": None,  # the caller's estimate (workers.jobs)
+        "timing": None,  # a finished analysis's
     }

@@ -23,6 +23,7 @@ from backend.schemas import AnalysisJob, ExportChoice
 from backend.service import queued_meta
 from backend.settings import Settings, get_settings
 from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
+from backend.summary import checked_summary
 from backend.vocabulary import EngineKind
 from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
 from workers.exports import Float16Overflow, write_export
@@ -212,7 +213,7 @@ def execute_analysis(
                 store.count(REWARD_REUSES)
                 summary["cost"] = _cost(loaded, job, settings)
                 copy_levels(kept_id, analysis_id, settings)
-                store.save_result(analysis_id, summary, pooled)
+                store.save_result(analysis_id, checked_summary(summary), pooled)
                 return
             store.count(ENGINE_RUNS)
             grid = pooled_grid(list(parameter_shapes(loaded).values()), settings)
@@ -222,7 +223,7 @@ def execute_analysis(
                 settings,
                 lambda stage, p: store.set_progress(analysis_id, stage, p),
                 on_partial=lambda summary, kept: store.save_partial(
-                    analysis_id, {"kept_share": kept, "result": summary}
+                    analysis_id, {"kept_share": kept, "result": checked_summary(summary)}
                 ),
                 keep_fisher_roots=grid,
             )
@@ -230,7 +231,7 @@ def execute_analysis(
             write_levels(analysis, settings.levels_path(analysis_id), settings)
             with contextlib.suppress(OSError):  # a cache for later rewards: without it they run whole
                 keep_for_rewards(analysis, job, settings)
-            store.save_result(analysis_id, analysis.summary, analysis.pooled(*grid))
+            store.save_result(analysis_id, checked_summary(analysis.summary), analysis.pooled(*grid))
         except BaseException as error:  # includes RQ's timeout; the job must end failed, never running
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):

@@ -30,8 +30,8 @@ missing = no_varying_reward  # what the analysis must carry for this slide to te
 
 
 def row_values(tokens: list[dict[str, Any]], key: str) -> list[float]:
-    """The engine's `row_policy_grad` or `row_bound` of each token; without a reward both are 0."""
-    return [token.get(key, 0.0) for token in tokens]
+    """The engine's `row_policy_grad` or `row_bound` of each token; without a reward (null) both are 0."""
+    return [token.get(key) or 0.0 for token in tokens]
 
 
 def figure(summary: Summary, centering: str) -> go.Figure:

@@ -284,6 +284,7 @@ class _ModelPass:
                 "shape": shape,
                 "numel": numel,
                 "totals": first.totals,
+                "concentration": None,  # the Fisher's named shares in it: a full summary's second pass
             }
         )
         for group in (

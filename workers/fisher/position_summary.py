@@ -72,9 +72,9 @@ class HeadRows:
         return out
 
     def reward_entry(self, c: int) -> dict:
-        """The row's policy gradient and bound; nothing without a reward."""
+        """The row's policy gradient and bound; null without a reward."""
         if self.reward is None or self.reward_mean is None or self.reward_std is None:
-            return {}
+            return {"row_policy_grad": None, "row_bound": None}
         centered = float(self.reward[c]) - self.reward_mean
         gradient = abs(float(self.mu[c]) * centered) * float(self.head_scale[c]) * math.sqrt(self.h_sq)
         return {

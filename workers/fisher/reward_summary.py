@@ -104,12 +104,9 @@ def _positions(positions: list[dict], reward: RewardParts, roots: FisherRoots) -
             position["reward"] = None
         position["totals"] = totals
         for entry in position["p"]["top"]:
-            for key in REWARD_ROW_KEYS:
-                entry.pop(key, None)
             token = entry["id"]
             entry["reward"] = float(reward.vector[token]) if reward.vector is not None else 0.0
-            if rows is not None:
-                entry.update(rows.reward_entry(token))
+            entry.update(dict.fromkeys(REWARD_ROW_KEYS) if rows is None else rows.reward_entry(token))
 
 
 def _group_totals(summary: dict, tensor_totals: dict[str, dict[str, float]]) -> None:

@@ -1,4 +1,4 @@
-"""The sequence Fisher of a study (docs/design.md §7): F, U and M summed over the positions of sampled responses.
+"""The sequence Fisher of a study (docs/design.md §7): F, U and M summed over sampled responses' positions.
 
 Why not ``analyze_sequence``: off the policy it also forms the Fisher under p at every position (d more
 directions, for rho), which a study never reports; under top-k 20 that is thirty times the work. Here a

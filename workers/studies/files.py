@@ -66,7 +66,7 @@ def write_masks(path: Path, study: FinishedStudy, part: StudyPart, spec: StudySp
             "thresholds": json.dumps(thresholds),
             "counts": json.dumps(counts),
             "polarity": POLARITY,
-            "statistic": "F: the exact sequence Fisher over the study's sampled responses (docs/design.md §7)",
+            "statistic": "F: the exact sequence Fisher of the study's sampled responses (docs/design.md §7)",
             "spec": json.dumps(spec.to_dict()),
         },
     )
