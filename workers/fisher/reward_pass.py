@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from workers.fisher.capture import capture_forward
+from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.directions import LinearGroup, backprop_directions
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.pooling import pooled_view
@@ -115,32 +115,43 @@ def policy_gradient_pass(
         )
         capture = captured if captured is not None else capture_forward(model, full[: index + 1])
         captured = None
-        position = capture.length - 1
-        h = capture.hidden[position].detach()
-        jacobian = logit_jacobian(capture, position, head_rows(model))
-        reward_mean = float(mu @ reward)
-        centered = mu * (reward - reward_mean)
-        reward_std = float((mu @ (reward - reward_mean).square()).sqrt())
-        results = backprop_directions(
-            capture,
-            position,
-            [],
-            [LinearGroup("policy_grad", jacobian.combine(centered))],
-            [],
-            memory_budget_bytes=memory_budget_bytes,
+        at, gradient = _position_gradient(
+            layout, head_rows(model), capture, p, mu, reward, memory_budget_bytes
         )
         del capture
-        head = HeadTerms(layout, h, jacobian.head_scale())
-        gradient = head.assemble(results.linears.get("policy_grad"), centered, in_place=True)
-        square = square_total(list(gradient.values()))
         for name, value in gradient.items():  # the first position's arrays become the sums
             if name in summed:
                 summed[name].add_(value)
             else:
                 summed[name] = value
-        positions.append(
-            RewardPosition(p, mu, h.to(torch.float64), jacobian.head_scale(), reward_mean, reward_std, square)
-        )
+        positions.append(at)
         if progress is not None:
             progress((t + 1) / n_positions)
     return RewardPass(summed, positions)
+
+
+def _position_gradient(
+    layout: HeadLayout,
+    rows: torch.Tensor,
+    capture: CapturedForward,
+    p: torch.Tensor,
+    mu: torch.Tensor,
+    reward: torch.Tensor,
+    memory_budget_bytes: int,
+) -> tuple[RewardPosition, Params]:
+    """One position's policy gradient (parameter-shaped) and what its summary reads of the reward."""
+    position = capture.length - 1
+    h = capture.hidden[position].detach()
+    jacobian = logit_jacobian(capture, position, rows)
+    reward_mean = float(mu @ reward)
+    centered = mu * (reward - reward_mean)
+    reward_std = float((mu @ (reward - reward_mean).square()).sqrt())
+    direction = LinearGroup("policy_grad", jacobian.combine(centered))
+    results = backprop_directions(
+        capture, position, [], [direction], [], memory_budget_bytes=memory_budget_bytes
+    )
+    head = HeadTerms(layout, h, jacobian.head_scale())
+    gradient = head.assemble(results.linears.get("policy_grad"), centered, in_place=True)
+    square = square_total(list(gradient.values()))
+    at = RewardPosition(p, mu, h.to(torch.float64), jacobian.head_scale(), reward_mean, reward_std, square)
+    return at, gradient
