@@ -22,6 +22,7 @@ from workers.fisher.concentration import (
     thresholds,
     totals_in_one_pass,
 )
+from workers.fisher.cpu_kernels import threads as cpu_threads
 from workers.fisher.terms import StatTerms
 
 
@@ -242,10 +243,10 @@ def test_parts_in_threads_give_what_one_pass_gives(monkeypatch):
     def run():
         return histogram([terms]), cpu_kernels.square_sum(values)
 
-    monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 1 << 40)
+    monkeypatch.setattr(cpu_threads, "PART_MIN_VALUES", 1 << 40)
     one_hist, one_square = run()
     threads = torch.get_num_threads()
-    monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 1000)
+    monkeypatch.setattr(cpu_threads, "PART_MIN_VALUES", 1000)
     torch.set_num_threads(3)  # three parts, whatever this machine has
     try:
         hist, square = run()

@@ -12,8 +12,10 @@ from transformers.generation.logits_process import (
 
 from backend.vocabulary import parse_method
 from tests.tiny_models import BUDGET, tiny_llama
-from workers.fisher import covariance, cpu_kernels
+from workers.fisher import covariance
 from workers.fisher.covariance import output_covariance
+from workers.fisher.cpu_kernels import levels as cpu_levels
+from workers.fisher.cpu_kernels import threads as cpu_threads
 from workers.fisher.logit_map import LogitJacobian
 from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
@@ -207,12 +209,12 @@ def test_the_compiled_level_map_is_the_definition(seed, monkeypatch):
         assert int(((levels > 0) & (levels <= level)).sum()) == threshold.k
     # each tensor cut into parts across threads, as large ones are, and the ties placed from what the
     # first pass noted of them (few noted: the second pass places them; many: none is needed)
-    monkeypatch.setattr(cpu_kernels, "PART_MIN_VALUES", 64)
+    monkeypatch.setattr(cpu_threads, "PART_MIN_VALUES", 64)
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
         for kept in (1, 7, 100_000):
-            monkeypatch.setattr(cpu_kernels, "TIES_KEPT", kept)
+            monkeypatch.setattr(cpu_levels, "TIES_KEPT", kept)
             assert torch.equal(top_q_levels(lambda: iter(chunks), total, fractions)[0], levels)
     finally:
         torch.set_num_threads(threads)
@@ -231,7 +233,7 @@ def test_ties_noted_in_the_first_pass_need_no_second(monkeypatch):
     order = torch.argsort(flat, descending=True, stable=True)
     k_tied = int((flat > 0.98765).sum()) + 2  # a set that takes two of the five, by index
     monkeypatch.setattr(
-        cpu_kernels, "_tie_levels_into", lambda *args: pytest.fail("a second pass over the values")
+        cpu_levels, "_tie_levels_into", lambda *args: pytest.fail("a second pass over the values")
     )
     fractions = (*fractions, k_tied / total)
     fractions = tuple(sorted(fractions))

@@ -59,11 +59,11 @@ class OutputCovariance:
         return torch.linalg.eigvalsh(second).flip(0)
 
 
-# float64 rows per block: a block stays in cache and nothing [V, d] is allocated. SmolLM2's head on an
-# AVX-512 EPYC (six rounds each, median): 2048 rows 0.63 s, 1024 0.51, 512 0.53, 256 0.60
+# float64 rows per block: a block stays in cache and nothing [V, d] is allocated (1024 was the fastest of
+# 256 to 2048 on SmolLM2's head)
 ROWS_PER_BLOCK = 1024
-# column blocks of the Gram product's lower triangle: 4 do 10/16 of the full product's flops (SmolLM2's
-# head on an AVX-512 EPYC: 0.36-0.44 -> 0.27-0.30 s); more make each product too thin to gain
+# column blocks of the Gram product's lower triangle: 4 do 10/16 of the full product's flops (a quarter
+# less time on SmolLM2's head); more make each product too thin to gain
 GRAM_COLUMN_BLOCKS = 4
 
 

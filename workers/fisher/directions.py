@@ -137,12 +137,10 @@ def _ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 # up to here M's pairs by rows (a compiled kernel, one core, blocks shared among threads) beat a batch of
 # tiny Grams (one per output), and keep half the memory ([pairs, o], not [o, r, r]), so that more blocks
-# take the ghost form within its budget. On an AVX-512 EPYC, 25 directions, one core, 32 rows: 0.76
-# against 1.84 ms for 576 outputs, 2.15 against 2.63 for 1536; 64 rows: a tie. SmolLM2 exact at 64
-# tokens: 143 s with Grams past 32 rows, 116 s with rows up to 64 (12 on the machine first measured).
-# With the kernel's register blocks (the figures above were its loop of a pair at a time) rows win past
-# 64 too (96 rows, 8 directions: 2.1 against 2.3 ms at 576 outputs, 10 against 22 at 1536); left at 64
-# until a long exact prefix is measured with them, as the cost model's ghost term was fitted up to 64
+# take the ghost form within its budget: at 32 rows two to three times faster, at 64 a tie, and SmolLM2
+# exact at 64 tokens a fifth faster with rows up to 64 than with Grams past 32. With the kernel's
+# register blocks rows win past 64 too; left at 64 until a long exact prefix is measured with them, as
+# the cost model's ghost term was fitted up to 64
 GHOST_ROWWISE_MAX_ROWS = 64
 
 
@@ -201,7 +199,7 @@ def _pair_moments_by_grams(delta: torch.Tensor, weights: torch.Tensor) -> torch.
     count, rows, out = delta.shape
     scaled = delta * weights.clamp_min(0).sqrt().to(delta.dtype)[:, None, None]
     # [o, b, r] by one 2-D transpose of [b r, o]: the 3-D permute to [o, r, b] cost more than the Grams
-    # (SmolLM2 at 32 tokens, 25 directions: 3.1 -> 1.7 ms for an MLP block's 1536 outputs); same sums
+    # (nearly twice the time for an MLP block's outputs); the same sums
     scaled = scaled.reshape(count * rows, out).T.contiguous().view(out, count, rows)
     return torch.bmm(scaled.transpose(1, 2), scaled)
 

@@ -2,9 +2,9 @@
 
 Why: a torch op run in a thread other than the one torch started on gets an OpenMP team of its own.
 From then on, libgomp manages more threads than the machine has cores, and it stops spinning between
-parallel regions: every later parallel op of the process waits for its team to wake. On a 2-core Xeon,
-once the service's pooled views had formed rho in a helper thread, SmolLM2's C_mu took 0.36-0.38 s
-instead of 0.24-0.25, in every analysis after. Inside ``one_torch_thread`` a thread runs torch's ops
+parallel regions: every later parallel op of the process waits for its team to wake (once the service's
+pooled views had formed rho in a helper thread, C_mu took half as long again in every analysis after).
+Inside ``one_torch_thread`` a thread runs torch's ops
 on itself: no second team is started, and a reduction's order does not depend on which thread took
 the item.
 """
