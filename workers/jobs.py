@@ -158,8 +158,8 @@ def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: Mode
     Returns the concrete job when this worker should run it (nobody has, or its last try failed).
     """
     request_id = job.key()
-    store.update_meta(request_id, status="running", stage="sampling", progress=0.0, error=None)
-    with leased(store, request_id):
+    with leased(store, request_id):  # the lease first: running without one reads as a dead worker
+        store.update_meta(request_id, status="running", stage="sampling", progress=0.0, error=None)
         try:
             loaded = load_for(job, pool)
             ids = sample_response(loaded, job)
@@ -203,8 +203,8 @@ def execute_analysis(
             return
         job = concrete
     analysis_id = job.key()
-    store.update_meta(analysis_id, status="running", stage="load", progress=0.0, error=None)
-    with leased(store, analysis_id):
+    with leased(store, analysis_id):  # the lease first: running without one reads as a dead worker
+        store.update_meta(analysis_id, status="running", stage="load", progress=0.0, error=None)
         try:
             loaded = load_for(job, pool or model_pool())
             reused = answer_from_kept(loaded, job, request_from_job(job), store, settings)

@@ -20,8 +20,9 @@ from backend.settings import Settings, get_settings
 from backend.store import Store
 from backend.studies import STUDY_KIND, masks_path, part_id
 from backend.study_schemas import StudyJob
+from workers import jobs
 from workers.fisher.sampler import SamplerConfig
-from workers.jobs import ModelPool, _reason, _redis_store, leased, model_pool
+from workers.jobs import ModelPool, _reason, _redis_store, leased
 from workers.models.loading import LoadedModel
 from workers.studies.prompts import EncodedPrompt
 from workers.studies.spec import StudySpec
@@ -69,11 +70,11 @@ def execute_study_part(
     study_id = job.key()
     record = part_id(study_id, index)
     target = part_path(settings, study_id, index)
-    store.update_meta(record, status="running", stage="load", progress=0.0, error=None)
-    with leased(store, record):
+    with leased(store, record):  # the lease first: running without one reads as a dead worker
+        store.update_meta(record, status="running", stage="load", progress=0.0, error=None)
         try:
             if not target.is_file():  # a retried part that had written its file is done already
-                loaded = _load(job, pool or model_pool())
+                loaded = _load(job, pool or jobs.model_pool())
                 spec = study_spec(job)
                 study_model = study_model_of(loaded, spec)
                 store.count(STUDY_RUNS)
@@ -136,7 +137,7 @@ def _reduce(job: StudyJob, store: Store, settings: Settings, pool: ModelPool | N
         merged = read_part(parts[0])
         for path in parts[1:]:  # two parts in memory at most, whatever the number of prompts
             merged = merge_parts([merged, read_part(path)])
-        loaded = _load(job, pool or model_pool())
+        loaded = _load(job, pool or jobs.model_pool())
         meta = store.get_meta(study_id) or {}
         finished = finish_study(merged, study_spec(job), model_meta(loaded), meta.get("cost"))
         target = masks_path(folder)
