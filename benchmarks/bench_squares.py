@@ -21,10 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.square_forms import prefers_ghost  # noqa: E402
-from workers.fisher.directions import (  # noqa: E402
-    _direct_squares,
-    _ghost_moments,
-    _ghost_squares,
+from workers.fisher.block_squares import (  # noqa: E402
+    direct_squares,
+    ghost_moments,
+    ghost_squares,
 )
 from workers.throughput import measure  # noqa: E402
 
@@ -42,7 +42,7 @@ def _time(fn, *args, repeat: int = 3) -> float:
 
 
 def _ghost(x: torch.Tensor, delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    return _ghost_squares(_ghost_moments(delta, weights), x)
+    return ghost_squares(ghost_moments(delta, weights), x)
 
 
 def main() -> None:
@@ -67,7 +67,7 @@ def main() -> None:
                 delta = torch.randn(directions, rows, out, dtype=dtype)
                 weights = torch.rand(directions, dtype=dtype)
                 floor = 2 * directions * rows * out * inp / rate
-                direct = _time(_direct_squares, x, delta, weights) / floor
+                direct = _time(direct_squares, x, delta, weights) / floor
                 ghost = _time(_ghost, x, delta, weights) / floor
                 picked = "ghost" if prefers_ghost(directions, rows, out, inp) else "direct"
                 print(f"{directions:>4} {rows:>4} {out:>5}x{inp:<5} {direct:>9.2f} {ghost:>9.2f}  {picked}")

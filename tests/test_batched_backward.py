@@ -216,7 +216,8 @@ def test_partial_results_come_only_once_square_directions_are_in():
 def test_chunks_and_snapshots_between_them_give_the_squares_of_one_chunk():
     """Ghost moments summed chunk by chunk (the compiled loop adding into the earlier chunks' moments)
     and snapshots taken between chunks: the same squares as all directions in one chunk."""
-    from workers.fisher.directions import SquareGroup, _SquareAccumulator, backprop_directions
+    from workers.fisher.block_squares import SquareAccumulator
+    from workers.fisher.directions import SquareGroup, backprop_directions
 
     model = tiny_model("llama")
     capture = capture_forward(model, IDS)
@@ -225,7 +226,7 @@ def test_chunks_and_snapshots_between_them_give_the_squares_of_one_chunk():
     vectors = torch.randn(10, hidden.shape[0], generator=generator, dtype=hidden.dtype)
     weights = torch.rand(10, generator=generator, dtype=hidden.dtype)
     per_direction = sum(t.numel() for t in direction_targets(capture)) * hidden.element_size() * 2
-    assert _SquareAccumulator(capture, 10, per_direction * 10).ghost_blocks  # the ghost form is in play
+    assert SquareAccumulator(capture, 10, per_direction * 10).ghost_blocks  # the ghost form is in play
 
     def run(budget_directions: int, snapshots: list) -> dict[str, torch.Tensor]:
         results = backprop_directions(
@@ -249,9 +250,9 @@ def test_chunks_and_snapshots_between_them_give_the_squares_of_one_chunk():
 def test_a_snapshot_adds_into_copies_of_the_running_sums_it_reads():
     """A snapshot's squares read the running sums; what it adds (ghost blocks' squares, an expert's slice)
     goes into copies of them, never into the sums the pass goes on with."""
-    from workers.fisher.directions import _Sums
+    from workers.fisher.block_squares import ParameterSums
 
-    running = _Sums({"dense": (2, 3), "experts": (2, 2, 3), "fresh": (3,)})
+    running = ParameterSums({"dense": (2, 3), "experts": (2, 2, 3), "fresh": (3,)})
     running.add("dense", torch.ones(2, 3))
     running.add("experts", torch.ones(2, 2, 3))
     snapshot = running.borrowed()

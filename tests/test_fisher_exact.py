@@ -7,15 +7,15 @@ import torch
 
 from backend.vocabulary import STATS, MethodName, SamplerKind
 from tests.tiny_models import BUDGET, tiny_llama, tiny_qwen2
-from workers.fisher.directions import (
+from workers.fisher.block_squares import (
     GHOST_ROWWISE_MAX_ROWS,
-    _direct_squares,
-    _ghost_moments,
-    _ghost_squares,
-    _pair_moments_by_grams,
-    _pair_moments_by_products,
-    _pair_moments_by_rows,
+    direct_squares,
     ghost_entries,
+    ghost_moments,
+    ghost_squares,
+    pair_moments_by_grams,
+    pair_moments_by_products,
+    pair_moments_by_rows,
 )
 from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
@@ -130,13 +130,13 @@ def test_ghost_and_direct_squares_agree_with_the_definition(rows):
     x = torch.randn(rows, 4, generator=generator, dtype=torch.float64)
     weights = torch.rand(7, generator=generator, dtype=torch.float64)
     want = torch.einsum("b,boi->oi", weights, torch.einsum("bro,ri->boi", delta, x).square())
-    m = _ghost_moments(delta, weights)
+    m = ghost_moments(delta, weights)
     assert m.numel() == ghost_entries(rows) * 6
     # pairs (the CPU's compiled loop, or the GPU's products), or the whole M: the same squares
-    for way in (_pair_moments_by_rows, _pair_moments_by_products, _pair_moments_by_grams):
-        torch.testing.assert_close(_ghost_squares(way(delta, weights), x), want, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(_ghost_squares(m, x), want, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(_direct_squares(x, delta, weights), want, rtol=1e-12, atol=1e-12)
+    for way in (pair_moments_by_rows, pair_moments_by_products, pair_moments_by_grams):
+        torch.testing.assert_close(ghost_squares(way(delta, weights), x), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ghost_squares(m, x), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(direct_squares(x, delta, weights), want, rtol=1e-12, atol=1e-12)
 
 
 def test_response_sums_match_per_position_brute_force(model):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workers.fisher import cpu_kernels
-from workers.fisher.directions import _pair_moments_by_products
+from workers.fisher.block_squares import pair_moments_by_products
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -24,7 +24,7 @@ def test_compiled_pair_moments_against_products(dtype, count, rows, width):
     delta = torch.randn(count, rows, width, generator=generator, dtype=torch.float64)
     weights = torch.rand(count, generator=generator, dtype=torch.float64)
     earlier = torch.randn(rows * (rows + 1) // 2, width, generator=generator, dtype=torch.float64)
-    want = earlier + _pair_moments_by_products(delta, weights)
+    want = earlier + pair_moments_by_products(delta, weights)
     got = cpu_kernels.pair_moments(delta.to(dtype), weights.to(dtype), earlier.to(dtype))
     assert got.dtype == dtype
     tolerance = 1e-12 if dtype == torch.float64 else 2e-6

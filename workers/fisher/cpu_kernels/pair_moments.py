@@ -1,6 +1,6 @@
 """The ghost form's pair moments M[(r, s), o] = sum_b w_b delta[b, r, o] delta[b, s, o] for r <= s.
 
-Definition (the torch path, ``directions._pair_moments_by_products``): the products of every pair of
+Definition (the torch path, ``block_squares.pair_moments_by_products``): the products of every pair of
 rows, weighted and summed over the chunk's directions. Here blocks of 4 x 4 pairs are summed over all of
 a chunk's directions in registers (a kernel written in LLVM's vectors): pair by pair, M's row was read
 and written for every direction, and a loop compiled from Python keeps the sixteen sums in memory.

@@ -1,0 +1,247 @@
+"""The squares of one matrix block, from the gradients at its output: the two forms and the ghost form's
+pair moments (docs/design.md §3).
+
+For y = x M^T over rows r, d(v_b^T h)/dM = sum_r delta_{b,r} x_r^T. "Direct": each direction's [o, i]
+gradient, squared and weighted (cost ~ b o i r). "Ghost": f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s}
+with M = sum_b w_b delta_b delta_b^T (cost ~ b o r^2 + o i r^2, memory o r (r + 1) / 2); M by rows (a
+compiled kernel), by products or by batched Grams, all the same sums. Which form a block takes:
+``backend.square_forms``, shared with the cost estimate. ``SquareAccumulator`` folds one square group's
+chunks into parameter-shaped sums (``ParameterSums``), block by block.
+Index conventions: b direction, r/s row, i in, o out, c token row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backend.square_forms import direct_cost, ghost_cost
+from workers.fisher import cpu_kernels, recycled
+from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
+
+# Direct squares: tiles of about this many bytes of per-direction gradient (which form a block takes:
+# backend.square_forms, shared with the cost estimate)
+DIRECT_TILE_BYTES = 2 << 20
+DIRECT_TILE_MIN_ROWS = 8
+
+
+def block_gradients(block: MatrixBlock, delta: torch.Tensor) -> torch.Tensor:
+    """d(v_b^T h)/dM for each direction, shaped like M: [b, o, i] (or [b, i, o] when y = x M)."""
+    grad = torch.einsum("bro,ri->boi", delta, block.feature)
+    return grad.transpose(1, 2) if block.transposed else grad
+
+
+def embedding_rows(block: EmbeddingBlock, indices: torch.Tensor, delta: torch.Tensor, padding: list):
+    """Rows of the table that received gradient: ([c] ids, [b, c, o] rows); padding rows get none."""
+    keep = torch.ones_like(indices, dtype=torch.bool)
+    for pad in padding:
+        keep &= indices != pad
+    unique, inverse = torch.unique(indices[keep], return_inverse=True)
+    rows = delta.new_zeros(delta.shape[0], unique.numel(), delta.shape[2])
+    rows.index_add_(1, inverse, delta[:, keep])
+    return unique, rows
+
+
+def direct_squares(x: torch.Tensor, delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[o, i]: sum_b w_b (sum_r delta[b, r, o] x[r, i])^2, w_b >= 0.
+
+    Why tiles of output rows: at short contexts the per-direction gradients cost few flops per element
+    (2r), so writing all of them ([b, o, i]) and reading them back to square and sum is what takes the
+    time; a tile of rows is squared and summed while it is still in cache.
+    """
+    count, _, out = delta.shape
+    scaled = (delta * weights.clamp_min(0).sqrt().to(delta.dtype)[:, None, None]).transpose(1, 2)
+    scaled = scaled.contiguous()  # [b, o, r]
+    value = x.new_empty(out, x.shape[1])
+    step = max(DIRECT_TILE_MIN_ROWS, DIRECT_TILE_BYTES // max(1, count * x.shape[1] * x.element_size()))
+    for lo in range(0, out, step):
+        grad = torch.matmul(scaled[:, lo : lo + step], x)  # [b, rows of the tile, i]
+        grad.mul_(grad)
+        torch.sum(grad, dim=0, out=value[lo : lo + step])
+    return value
+
+
+def ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s}, over M's pairs r <= s (M is symmetric); ``m`` is M
+    as ``ghost_moments`` keeps it: its pairs [pairs, o], or the whole [o, r, r]."""
+    first, second = torch.triu_indices(x.shape[0], x.shape[0], device=x.device)  # r <= s, row-major
+    m_pairs = m if m.dim() == 2 else m[:, first, second].T
+    # an off-diagonal pair stands for (r, s) and (s, r)
+    twice = torch.where(first == second, 1.0, 2.0).to(x.dtype)
+    features = x[first] * x[second] * twice[:, None]  # [pairs, i]
+    return m_pairs.T @ features  # [o, i]
+
+
+# up to here M's pairs by rows (a compiled kernel, one core, blocks shared among threads) beat a batch of
+# tiny Grams (one per output), and keep half the memory ([pairs, o], not [o, r, r]), so that more blocks
+# take the ghost form within its budget: at 32 rows two to three times faster, at 64 a tie, and SmolLM2
+# exact at 64 tokens a fifth faster with rows up to 64 than with Grams past 32. With the kernel's
+# register blocks rows win past 64 too; left at 64 until a long exact prefix is measured with them, as
+# the cost model's ghost term was fitted up to 64
+GHOST_ROWWISE_MAX_ROWS = 64
+
+
+def ghost_moments(
+    delta: torch.Tensor, weights: torch.Tensor, into: torch.Tensor | None = None
+) -> torch.Tensor:
+    """M[o, r, s] = sum_b w_b delta[b, r, o] delta[b, s, o] (w >= 0): with few rows its pairs r <= s only
+    ([pairs, o]), with many the whole [o, r, r] (picking the pairs out of each chunk's Grams costs more
+    than the Grams; they are picked once, in ``ghost_squares``). Chunks add up in either layout: with
+    ``into`` (the earlier chunks' M), this chunk's is added into it and it is returned.
+
+    Why two ways: with few rows, each row's products with the rows after it are summed while they are
+    in cache (a compiled loop on the CPU, a matrix-vector product per row on the GPU); a broadcast over
+    all pairs at once writes b r^2 o floats, and reading them back was most of a short prefix's
+    direction pass. With many rows, one small Gram per output (a batched matmul) costs less.
+    """
+    if ghost_moments_compiled(delta):  # the loop adds into the earlier chunks' M itself
+        return cpu_kernels.pair_moments(delta, weights.clamp_min(0), into)
+    rows = delta.shape[1]
+    m = (
+        pair_moments_by_grams(delta, weights)
+        if rows > GHOST_ROWWISE_MAX_ROWS
+        else pair_moments_by_rows(delta, weights)
+    )
+    return m if into is None else into.add_(m)
+
+
+def ghost_moments_compiled(delta: torch.Tensor) -> bool:
+    """Whether ``ghost_moments`` runs a compiled loop (one core) rather than torch's ops."""
+    return cpu_kernels.compiled_for(delta) and delta.shape[1] <= GHOST_ROWWISE_MAX_ROWS
+
+
+def ghost_entries(rows: int) -> int:
+    """Entries of M per output as ``ghost_moments`` keeps it."""
+    return rows * (rows + 1) // 2 if rows <= GHOST_ROWWISE_MAX_ROWS else rows * rows
+
+
+def pair_moments_by_rows(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    if ghost_moments_compiled(delta):
+        return cpu_kernels.pair_moments(delta, weights.clamp_min(0))
+    return pair_moments_by_products(delta, weights)
+
+
+def pair_moments_by_products(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The GPU's way (and the reference of the CPU's loop): all of a row's products at once."""
+    count, rows, out = delta.shape
+    weights = weights.clamp_min(0).to(delta.dtype)
+    parts = [
+        (weights @ (delta[:, r : r + 1] * delta[:, r:]).reshape(count, -1)).reshape(rows - r, out)
+        for r in range(rows)
+    ]
+    return torch.cat(parts)
+
+
+def pair_moments_by_grams(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    count, rows, out = delta.shape
+    scaled = delta * weights.clamp_min(0).sqrt().to(delta.dtype)[:, None, None]
+    # [o, b, r] by one 2-D transpose of [b r, o]: the 3-D permute to [o, r, b] cost more than the Grams
+    # (nearly twice the time for an MLP block's outputs); the same sums
+    scaled = scaled.reshape(count * rows, out).T.contiguous().view(out, count, rows)
+    return torch.bmm(scaled.transpose(1, 2), scaled)
+
+
+class ParameterSums:
+    """name -> a parameter-shaped running sum; expert slices land in their slot of the 3-D tensor."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], values: dict[str, torch.Tensor] | None = None):
+        self.shapes = shapes
+        self.values: dict[str, torch.Tensor] = dict(values or {})
+        self.lent = set(
+            self.values
+        )  # another ParameterSums' tensors: copied before the first addition into one
+
+    def borrowed(self) -> ParameterSums:
+        """Sums that start as these, reading the same tensors: what is added to them goes into copies.
+        Why not copies of all: a snapshot of SmolLM2's squares copied 540 MB (0.1-0.3 s of a partial)."""
+        return ParameterSums(self.shapes, self.values)
+
+    def add(self, name: str, value: torch.Tensor, index: int | None = None) -> None:
+        if index is None and name not in self.values:
+            self.values[name] = value
+            return
+        if name not in self.values:
+            self.values[name] = recycled.zeros(self.shapes[name], value)
+        elif name in self.lent:
+            self.values[name] = recycled.copy(self.values[name])
+            self.lent.discard(name)
+        target = self.values[name] if index is None else self.values[name][index]
+        target += value
+
+
+class SquareAccumulator:
+    """sum_j w_j (d(v_j^T h)/dtheta)^2 for one square group, over every block and generic parameter."""
+
+    def __init__(self, capture: CapturedForward, directions: int, ghost_budget_bytes: int):
+        self.sums = ParameterSums(capture.shapes)
+        self.ghost_blocks: set[int] = set()  # blocks whose squares take the ghost form
+        # M [o, r, s] of ghost blocks between chunks; a group's last chunk folds M into the sums at once,
+        # so a pass of one chunk (a study's few directions) never holds every block's M together
+        self.ghost: dict[int, torch.Tensor] = {}
+        self.table_rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> ([c] ids, [c, o])
+        # the ghost form where it saves work, within the budget for M: the blocks that save the most per
+        # byte of M first (at long contexts not every block's M fits, and which ones do decides the time)
+        candidates = []
+        for index, block in enumerate(capture.matrices):
+            rows, inp = block.feature.shape
+            out = block.uses[0].output.shape[-1]
+            saving = direct_cost(directions, rows, out, inp) - ghost_cost(directions, rows, out, inp)
+            ghost_bytes = out * ghost_entries(rows) * block.feature.element_size()
+            if saving > 0:
+                candidates.append((saving / ghost_bytes, ghost_bytes, index))
+        budget = ghost_budget_bytes
+        for _, ghost_bytes, index in sorted(candidates, reverse=True):
+            if ghost_bytes <= budget:
+                budget -= ghost_bytes
+                self.ghost_blocks.add(index)
+
+    def add_matrix(
+        self,
+        index: int,
+        block: MatrixBlock,
+        delta: torch.Tensor,
+        weights: torch.Tensor,
+        last: bool,
+        moments: torch.Tensor | None = None,
+    ) -> None:
+        """Fold one chunk's directions of one block; ``last``: no more directions of this group follow;
+        ``moments``: this block's ghost moments so far, this chunk's included, when they were formed
+        already (``_compiled_ghost_moments``)."""
+        if index in self.ghost_blocks:
+            m = moments if moments is not None else ghost_moments(delta, weights, self.ghost.get(index))
+            if not last:
+                self.ghost[index] = m
+                return
+            self.ghost.pop(index, None)
+            value = ghost_squares(m, block.feature)
+            self.sums.add(block.name, value.T if block.transposed else value, block.slice)
+            return
+        value = direct_squares(block.feature, delta, weights)
+        self.sums.add(block.name, value.T if block.transposed else value, block.slice)
+
+    def add_embedding(self, block: EmbeddingBlock, unique: torch.Tensor, rows: torch.Tensor, weights) -> None:
+        """Only the looked-up rows carry anything: summed as [c, o] rows, made dense in ``finalize``."""
+        value = torch.einsum("b,bco->co", weights, rows.square())
+        if block.name in self.table_rows:
+            self.table_rows[block.name][1].add_(value)
+        else:
+            self.table_rows[block.name] = (unique, value)
+
+    def add_generic(self, name: str, grad: torch.Tensor, weights: torch.Tensor) -> None:
+        self.sums.add(name, torch.einsum("b,b...->...", weights, grad.square()))
+
+    def finalize(self, capture: CapturedForward, keep: bool = False) -> ParameterSums:
+        """Every parameter's sum; ``keep``: a snapshot that leaves the accumulator running. It reads the
+        running sums (copying only those it adds into), so it holds until the next chunk is folded."""
+        sums = self.sums.borrowed() if keep else self.sums
+        for index, m in self.ghost.items():
+            block = capture.matrices[index]
+            value = ghost_squares(m, block.feature)
+            sums.add(block.name, value.T if block.transposed else value, block.slice)
+        for name, (unique, rows) in self.table_rows.items():
+            dense = recycled.zeros(sums.shapes[name], rows)
+            dense[unique] = rows
+            sums.add(name, dense)
+        if not keep:
+            self.ghost.clear()
+            self.table_rows.clear()
+        return sums
