@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from backend.vocabulary import STATS, EngineKind, SamplerKind
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.methods import Method
-from workers.fisher.model_summary import each_tensor, levels_at, model_summary
+from workers.fisher.model_summary import model_summary
 from workers.fisher.pooling import pooled_cells, pooled_view, zero_view
 from workers.fisher.position import HeadLayout
 from workers.fisher.position_summary import position_summary
@@ -31,6 +31,8 @@ from workers.fisher.response_summary import response_summary
 from workers.fisher.reward_pass import FisherRoots, policy_gradient_pass
 from workers.fisher.reward_summary import RewardParts, reward_entries, reward_vector, summary_with_reward
 from workers.fisher.sampler import SamplerConfig
+from workers.fisher.stats import each_tensor
+from workers.fisher.top_sets import levels_at
 from workers.models.loading import LoadedModel
 from workers.process_memory import retain_freed_memory
 
@@ -68,7 +70,7 @@ class Analysis:
         self.fisher_roots = fisher_roots  # what a later reward reads instead of the Fisher, when kept
 
     def fisher_levels(self) -> np.ndarray:
-        """Every coordinate's ``model_summary.levels_at`` at the summary's Fisher thresholds, flat in
+        """Every coordinate's ``top_sets.levels_at`` at the summary's Fisher thresholds, flat in
         the order of the parameters: with ``fisher_roots``, all a reward change reads of the Fisher."""
         named = self.summary["concentration"]["fisher"]["thresholds"]
         values = [named[f"{q:g}"] for q in NAMED_FRACTIONS]

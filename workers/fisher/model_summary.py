@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -36,16 +36,19 @@ from workers.fisher.concentration import (
     plan_thresholds,
     plans_of,
     select_in_one_pass,
-    thresholds,
     totals_in_one_pass,
 )
 from workers.fisher.grouping import layer_of, module_kind
-from workers.fisher.stats import MomentSums, square_total
-
-TOP_COORDINATES = 50
-TOP_STATS = ("fisher", "uncentered", "raw", "mean_shift", "policy_grad")
-Candidate = tuple[float, str, int, float]  # (magnitude, tensor, flat index, value)
-
+from workers.fisher.stats import MomentSums, each_tensor, square_total
+from workers.fisher.top_sets import (
+    TOP_STATS,
+    Candidate,
+    fisher_levels_at,
+    overlap,
+    top_bin,
+    top_candidates,
+    top_coordinates,
+)
 
 # the totals a stat contributes: (key in "totals", summed as a square)
 _TOTALS = {
@@ -124,15 +127,6 @@ def _curve(hist: Histogram, named: list[Threshold]) -> dict:
         "at": _shares(hist, named),
         "thresholds": {f"{q:g}": t.value for q, t in zip(NAMED_FRACTIONS, named, strict=True)},
     }
-
-
-def each_tensor(sums: MomentSums, work: Callable[[str], _Result], names: list[str]) -> list[_Result]:
-    """``work`` for every tensor of ``sums``, in threads on the CPU, where its compiled passes release
-    the GIL (results in ``names``' order)."""
-    if not cpu_kernels.compiled_for(sums.device):
-        return [work(name) for name in names]
-    sizes = [math.prod(sums.shapes[name]) for name in names]
-    return cpu_kernels.each_in_threads(work, names, sizes)
 
 
 class _ModelPass:
@@ -227,7 +221,7 @@ class _ModelPass:
                 key, squared = self.totals_of[alias]
                 found[key] = self._total(value, squared)
             if stat in self.top_stats:
-                candidates[stat] = _top_candidates(name, value, stat in SIGNED_STATS)
+                candidates[stat] = top_candidates(name, value, stat in SIGNED_STATS)
         found["rho_mean"] = self._rho_mean(name) if joint.rho_mean is None else joint.rho_mean
         # the order of the contract's totals; a stat zero by construction was never formed: 0
         totals = {key: found.get(key, 0.0) for key in self.total_keys}
@@ -322,7 +316,7 @@ class _ModelPass:
         model_hists = {stat: merge(self.hists[stat].values()) for stat in self.curve}
         self.model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in self.curve}
         # the bin of the model's TOP_COORDINATES-th largest value: everything at or above it is a candidate
-        self.top_bin = {stat: _top_bin(model_hists[stat]) for stat in self.curve}
+        self.top_bin = {stat: top_bin(model_hists[stat]) for stat in self.curve}
         names = [entry["name"] for entry in self.tensors]
         # planned for all tensors at once, before the threads (numpy's per-call cost, not the bins, was
         # most of a plan's time): the Fisher's per tensor plans (none when it is identically zero: shares
@@ -453,116 +447,8 @@ def _summarize(work: _ModelPass, sums: MomentSums, curve_stats: tuple[str, ...],
     return {
         **work.groups(),
         "concentration": concentration,
-        "top_coordinates": _top_coordinates(sums, work.candidates),
-        "overlap": overlap(sums, _levels_at(sums, named["fisher"]))
+        "top_coordinates": top_coordinates(sums, work.candidates),
+        "overlap": overlap(sums, fisher_levels_at(sums, named["fisher"]))
         if sums.has_reward and "fisher" in named
         else None,
     }
-
-
-def _levels_at(sums: MomentSums, named: list[Threshold]) -> Callable[[str], torch.Tensor]:
-    values = [t.value for t in named]
-    return lambda name: levels_at(sums.stat("fisher", name), values)
-
-
-def _top_bin(hist: Histogram, k: int = TOP_COORDINATES) -> int:
-    """The histogram bin of the k-th largest value (bin 1 when fewer than k values are non-zero)."""
-    (row,) = plan_thresholds(hist, [k / max(hist.total_count, 1)]).rows
-    return row[1] if row[1] is not None else 1
-
-
-def _top_candidates(
-    name: str, value: torch.Tensor, signed: bool, k: int = TOP_COORDINATES
-) -> list[Candidate]:
-    """The k largest coordinates of a tensor, by magnitude for a signed stat."""
-    flat = value.reshape(-1)
-    k = min(k, flat.numel())
-    top = torch.topk(flat.abs() if signed else flat, k)
-    values = flat[top.indices].tolist()
-    return [
-        (abs(v) if signed else v, name, int(i), v) for i, v in zip(top.indices.tolist(), values, strict=True)
-    ]
-
-
-def _top_coordinates(
-    sums: MomentSums, candidates: dict[str, list[Candidate]], k: int = TOP_COORDINATES
-) -> dict[str, list[dict]]:
-    """The k largest coordinates of each stat over the whole model (by magnitude for signed stats)."""
-    out: dict[str, list[dict]] = {}
-    for stat in TOP_STATS:
-        if stat == "policy_grad" and not sums.has_reward:
-            continue
-        if sums.identically_zero(stat):
-            out[stat] = []
-            continue
-        out[stat] = _ranked(candidates[sums.alias(stat)], sums.shapes, k)
-    return out
-
-
-def top_coordinates_of(sums: MomentSums, stat: str, k: int = TOP_COORDINATES) -> list[dict]:
-    """``_top_coordinates`` of one stat on its own, in a pass of its own."""
-    signed = stat in SIGNED_STATS
-
-    def candidates(name: str) -> list[Candidate]:
-        return _top_candidates(name, sums.stat(stat, name), signed, k)
-
-    return _ranked([c for found in each_tensor(sums, candidates, sums.names) for c in found], sums.shapes, k)
-
-
-def _ranked(candidates: list[Candidate], shapes: dict[str, tuple[int, ...]], k: int) -> list[dict]:
-    ranked = sorted(candidates, key=lambda c: -c[0])[:k]
-    return [
-        {"tensor": name, "index": list(_unravel(idx, shapes[name])), "value": value}
-        for _, name, idx, value in ranked
-    ]
-
-
-def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    out = []
-    for size in reversed(shape):
-        out.append(index % size)
-        index //= size
-    return tuple(reversed(out))
-
-
-def _magnitude(sums: MomentSums, stat: str) -> Callable[[], Iterator[torch.Tensor]]:
-    def chunks() -> Iterator[torch.Tensor]:
-        for _, value in sums.iter_stat(stat):
-            yield value.abs() if stat in SIGNED_STATS else value
-
-    return chunks
-
-
-def levels_at(values: torch.Tensor, named: list[float]) -> torch.Tensor:
-    """uint8 shaped like ``values``: the 1-based level of the smallest named top-q set a coordinate is
-    in (value >= that set's threshold ``named[l]``, and > 0), 0 outside all of them. The Fisher's side
-    of ``overlap``, and what a reward change reads instead of the Fisher (``workers.fisher.reward_pass``).
-    """
-    ascending = torch.tensor(sorted(named), dtype=values.dtype, device=values.device)  # named: q ascending
-    reached = torch.searchsorted(ascending, values, right=True)  # how many thresholds value is at or above
-    levels = (len(named) + 1 - reached).to(torch.uint8)
-    levels[(reached == 0) | (values <= 0)] = 0
-    return levels
-
-
-def overlap(sums: MomentSums, fisher_levels_of: Callable[[str], torch.Tensor]) -> dict:
-    """|top-q by fisher ∩ top-q by |policy_grad|| / |top-q|, against the random baseline q.
-
-    ``fisher_levels_of(name)``: the tensor's ``levels_at`` the Fisher's exact top-q thresholds (from the
-    concentration pass); only the gradient's thresholds are found here. A coordinate is in both sets of
-    density q_l when the larger of its two levels is at most l.
-    """
-    grad_chunks = _magnitude(sums, "policy_grad")
-    grad_thresholds = [t.value for t in thresholds(histogram(grad_chunks()), grad_chunks, NAMED_FRACTIONS)]
-
-    def deepest_levels(name: str) -> torch.Tensor:
-        fisher = fisher_levels_of(name)
-        gradient = levels_at(sums.stat("policy_grad", name).abs(), grad_thresholds).to(fisher.device)
-        both = torch.maximum(fisher, gradient)[(fisher > 0) & (gradient > 0)]
-        return torch.bincount(both.long(), minlength=len(NAMED_FRACTIONS) + 1).cpu()
-
-    deepest = sum(each_tensor(sums, deepest_levels, sums.names), torch.zeros(len(NAMED_FRACTIONS) + 1))
-    total = sum(math.prod(shape) for shape in sums.shapes.values())
-    counts = [int(c) for c in deepest[1:].cumsum(0).tolist()]
-    values = [count / max(1, math.ceil(q * total)) for count, q in zip(counts, NAMED_FRACTIONS, strict=True)]
-    return {"q": list(NAMED_FRACTIONS), "fisher_vs_policy_grad": values, "baseline": list(NAMED_FRACTIONS)}

@@ -6,7 +6,7 @@ one backward direction per position, and
   bound_i = sum_t std_mu_t(r) sqrt(fisher_t,i),
 a sum over positions of the reward's standard deviation times a reward-free array. So an analysis keeps
 the parts of sqrt(fisher_t) its summaries read (``FisherRoots``: per tensor its sum, and its pooled
-view), and the Fisher's top-q membership (``model_summary.levels_at``) for the overlap; a reward
+view), and the Fisher's top-q membership (``top_sets.levels_at``) for the overlap; a reward
 change then costs one direction per position (``policy_gradient_pass``) instead of the whole analysis.
 """
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workers.fisher.model_summary import overlap, top_coordinates_of
 from workers.fisher.pooling import pooled_view, zero_view
 from workers.fisher.position_summary import HeadRows
 from workers.fisher.reward_pass import FisherRoots, RewardPass
 from workers.fisher.stats import MomentSums, square_total
+from workers.fisher.top_sets import overlap, top_coordinates_of
 
 REWARD_TOTALS = ("policy_grad_sq", "bound")
 REWARD_ROW_KEYS = ("row_policy_grad", "row_bound")

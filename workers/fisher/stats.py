@@ -11,8 +11,9 @@ sums of squares the uncentered and raw moments need), and rho is the ratio of su
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -22,6 +23,7 @@ from workers.fisher.position import PositionMoments
 from workers.fisher.terms import StatTerms
 
 Params = dict[str, torch.Tensor]
+_Result = TypeVar("_Result")
 
 
 def square_total(values: Sequence[torch.Tensor]) -> float:
@@ -209,3 +211,12 @@ class MomentSums:
     def iter_stat(self, stat: str) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.names:
             yield name, self.stat(stat, name)
+
+
+def each_tensor(sums: MomentSums, work: Callable[[str], _Result], names: list[str]) -> list[_Result]:
+    """``work`` for every tensor of ``sums``, in threads on the CPU, where its compiled passes release
+    the GIL (results in ``names``' order)."""
+    if not cpu_kernels.compiled_for(sums.device):
+        return [work(name) for name in names]
+    sizes = [math.prod(sums.shapes[name]) for name in names]
+    return cpu_kernels.each_in_threads(work, names, sizes)
