@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from backend.local_store import LocalStore
 from backend.queue import JobQueue, ThreadQueue
 from backend.settings import Settings
-from backend.store import LocalStore, Store
+from backend.store import Store
 
 Runner = Callable[[str, dict, Store], None]  # (job function, payload, store)
 NO_WORKER = (

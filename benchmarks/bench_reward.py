@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from backend.local_store import LocalStore
 from backend.schemas import AnalysisJob, JobSampler
 from backend.settings import Settings
-from backend.store import LocalStore
 from backend.vocabulary import LANDING_CONTINUATION, LANDING_PREFIX, LANDING_TEMPERATURE, LANDING_TOP_K
 from workers import jobs
 from workers.jobs import model_pool

@@ -12,12 +12,13 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from backend.local_store import LocalStore
 from backend.main import create_app
 from backend.queue import ThreadQueue
 from backend.schemas import AnalysisCreate, AnalysisPublic
 from backend.service import AnalysisService
 from backend.settings import Settings
-from backend.store import LocalStore, RedisStore, Store
+from backend.store import RedisStore, Store
 from tests.requirements import require
 
 REDIS_URL = "redis://127.0.0.1:6379/11"

@@ -18,8 +18,9 @@ import pytest
 import redis
 import torch
 
+from backend.local_store import LocalStore
 from backend.schemas import AnalysisJob, JobSampler
-from backend.store import LocalStore, RedisStore
+from backend.store import RedisStore
 from backend.vocabulary import SamplerKind
 from tests.service_settings import folder_settings
 from tests.tiny_models import BUDGET, tiny_model

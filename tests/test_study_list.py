@@ -11,9 +11,10 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from backend.local_store import LocalStore
 from backend.main import create_app
 from backend.queue import JobQueue
-from backend.store import LocalStore, RedisStore, Store
+from backend.store import RedisStore, Store
 from tests.service_settings import folder_settings
 from tests.test_redis_e2e import ensure_tiny
 from tests.test_study_api import wait_study
