@@ -1,5 +1,5 @@
-"""The compare panel (docs/design.md §8): post B (A with the panel's overrides), follow it, draw the two side by
-side, and export the view as CSV.
+"""The compare panel (docs/design.md §8): post B (A with the panel's overrides), follow it, draw the
+two side by side, and export the view as CSV.
 
 B is polled like A (`frontend.callbacks.run`); its figures need both finished. Everything is read by id
 through `frontend.summaries`: the compare (sets and per-tensor totals), both overviews, and the pooled

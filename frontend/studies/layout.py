@@ -92,52 +92,8 @@ def form() -> html.Div:
                 ),
                 PROMPT_SYNTAX,
             ),
-            html.Div(
-                [
-                    labelled("K responses", number("samples", min=1, max=64, step=1)),
-                    labelled("L max tokens", number("max_tokens", min=1, max=256, step=1)),
-                    labelled("seed", number("seed", min=0, step=1)),
-                ],
-                className="row",
-            ),
-            labelled(
-                "Sampler",
-                dcc.RadioItems(
-                    id="sampler", options=list(SAMPLER_KINDS), value=DEFAULTS["sampler"], inline=True
-                ),
-            ),
-            html.Div(
-                [
-                    labelled("temperature", number("temperature", min=0, step=0.1)),
-                    labelled("top-k", number("top_k", min=1, step=1, placeholder="off")),
-                    labelled("top-p", number("top_p", min=0, max=1, step=0.05)),
-                ],
-                className="row",
-            ),
-            labelled(
-                "engine",
-                dcc.RadioItems(id="engine", options=list(ENGINES), value=DEFAULTS["engine"], inline=True),
-            ),
-            labelled(
-                "Method",
-                dcc.Input(id="method", type="text", value=DEFAULTS["method"], className="text-input"),
-                "exact | truncated:F (the top F of the mass, exactly) | mc:S (S sampled directions)",
-            ),
-            labelled(
-                "Reward",
-                dcc.RadioItems(id="reward", options=list(REWARDS), value=DEFAULTS["reward"], inline=True),
-                "1 or 0 per response: exact = equals the target; regex = the pattern matches the response",
-            ),
-            labelled(
-                "Regex pattern",
-                dcc.Input(id="pattern", type="text", value=DEFAULTS["pattern"], className="text-input"),
-                "{target} stands for the prompt's target (escaped, outer spaces stripped)",
-            ),
-            labelled(
-                "Mask densities (%)",
-                dcc.Input(id="densities", type="text", value=DEFAULTS["densities"], className="text-input"),
-                "the top q of all parameters by F; 1 = the top 1% (the paper's 1% is always computed)",
-            ),
+            *_sampling_controls(),
+            *_reward_controls(),
             html.Button("Run", id="run", n_clicks=0, className="run-button"),
             html.H3("Recent studies"),
             html.Div(id="recent-studies", className="recent-studies"),
@@ -147,93 +103,145 @@ def form() -> html.Div:
     )
 
 
+def _sampling_controls() -> list[Any]:
+    """How the responses are drawn: K, L, the seed, the sampler and the method."""
+    return [
+        html.Div(
+            [
+                labelled("K responses", number("samples", min=1, max=64, step=1)),
+                labelled("L max tokens", number("max_tokens", min=1, max=256, step=1)),
+                labelled("seed", number("seed", min=0, step=1)),
+            ],
+            className="row",
+        ),
+        labelled(
+            "Sampler",
+            dcc.RadioItems(id="sampler", options=list(SAMPLER_KINDS), value=DEFAULTS["sampler"], inline=True),
+        ),
+        html.Div(
+            [
+                labelled("temperature", number("temperature", min=0, step=0.1)),
+                labelled("top-k", number("top_k", min=1, step=1, placeholder="off")),
+                labelled("top-p", number("top_p", min=0, max=1, step=0.05)),
+            ],
+            className="row",
+        ),
+        labelled(
+            "engine",
+            dcc.RadioItems(id="engine", options=list(ENGINES), value=DEFAULTS["engine"], inline=True),
+        ),
+        labelled(
+            "Method",
+            dcc.Input(id="method", type="text", value=DEFAULTS["method"], className="text-input"),
+            "exact | truncated:F (the top F of the mass, exactly) | mc:S (S sampled directions)",
+        ),
+    ]
+
+
+def _reward_controls() -> list[Any]:
+    """The reward over responses and the mask densities."""
+    return [
+        labelled(
+            "Reward",
+            dcc.RadioItems(id="reward", options=list(REWARDS), value=DEFAULTS["reward"], inline=True),
+            "1 or 0 per response: exact = equals the target; regex = the pattern matches the response",
+        ),
+        labelled(
+            "Regex pattern",
+            dcc.Input(id="pattern", type="text", value=DEFAULTS["pattern"], className="text-input"),
+            "{target} stands for the prompt's target (escaped, outer spaces stripped)",
+        ),
+        labelled(
+            "Mask densities (%)",
+            dcc.Input(id="densities", type="text", value=DEFAULTS["densities"], className="text-input"),
+            "the top q of all parameters by F; 1 = the top 1% (the paper's 1% is always computed)",
+        ),
+    ]
+
+
 def section(title: str, children: list[Any], id: str) -> html.Div:
     return html.Div([html.H3(title), *children], id=id, className="section")
 
 
 def results() -> html.Div:
     """Everything a finished study shows; hidden until one is done."""
+    share = html.Div(
+        [
+            html.Label("Share link", className="control-label"),
+            dcc.Input(id="share-link", type="text", readOnly=True, className="share-link"),
+        ],
+        className="share",
+    )
     return html.Div(
         [
             html.Div(id="overview", className="section overview"),
-            html.Div(
-                [
-                    html.Label("Share link", className="control-label"),
-                    dcc.Input(id="share-link", type="text", readOnly=True, className="share-link"),
-                ],
-                className="share",
-            ),
-            section(
-                "Responses",
-                [
-                    dcc.Graph(id="response-figure", config=GRAPH_CONFIG),
-                    html.Div(id="prompts-section", className="scroll"),
-                    html.Div(id="responses-section", className="scroll"),
-                ],
-                "responses",
-            ),
-            section(
-                "Where the mask lands",
-                [
-                    html.Div(
-                        [
-                            html.Span("mask density q: ", className="control-label inline"),
-                            dcc.RadioItems(id="view-q", options=[], inline=True),
-                        ],
-                        className="row view-q",
-                    ),
-                    html.Div(
-                        [
-                            dcc.Graph(id="layers-figure", config=GRAPH_CONFIG),
-                            dcc.Graph(id="kinds-figure", config=GRAPH_CONFIG),
-                        ],
-                        className="grid-2",
-                    ),
-                    html.Div(id="mask-caption", className="control-hint"),
-                    html.Div(id="tensor-section", className="scroll tall"),
-                    labelled(
-                        "Mask inside one parameter",
-                        dcc.Dropdown(id="mask-tensor", options=[], clearable=False),
-                        HEATMAP_NOTE,
-                    ),
-                    dcc.Graph(id="mask-heatmap", config=GRAPH_CONFIG),
-                ],
-                "masks",
-            ),
-            section(
-                "Compare with another study's masks",
-                [
-                    labelled(
-                        "Other study",
-                        dcc.Input(
-                            id="compare-id",
-                            type="text",
-                            debounce=True,
-                            placeholder="a study id or a share link",
-                            className="text-input",
-                        ),
-                        COMPARE_NOTE,
-                    ),
-                    html.Div(id="compare-section"),
-                ],
-                "compare",
-            ),
-            section(
-                "Estimators against the exact Fisher",
-                [
-                    html.Div(
-                        [
-                            dcc.Graph(id="estimator-figure", config=GRAPH_CONFIG),
-                            html.Div(id="estimator-notes"),
-                        ],
-                        className="grid-2",
-                    ),
-                    html.Div(id="estimator-section", className="scroll"),
-                ],
-                "estimators",
-            ),
+            share,
+            _responses_section(),
+            _masks_section(),
+            _compare_section(),
+            _estimators_section(),
             section("The paper's statistics, on this model", [html.Div(id="paper-section")], "paper"),
         ],
         id="results",
         style={"display": "none"},
     )
+
+
+def _responses_section() -> html.Div:
+    children = [
+        dcc.Graph(id="response-figure", config=GRAPH_CONFIG),
+        html.Div(id="prompts-section", className="scroll"),
+        html.Div(id="responses-section", className="scroll"),
+    ]
+    return section("Responses", children, "responses")
+
+
+def _masks_section() -> html.Div:
+    density = html.Div(
+        [
+            html.Span("mask density q: ", className="control-label inline"),
+            dcc.RadioItems(id="view-q", options=[], inline=True),
+        ],
+        className="row view-q",
+    )
+    groups = html.Div(
+        [
+            dcc.Graph(id="layers-figure", config=GRAPH_CONFIG),
+            dcc.Graph(id="kinds-figure", config=GRAPH_CONFIG),
+        ],
+        className="grid-2",
+    )
+    children = [
+        density,
+        groups,
+        html.Div(id="mask-caption", className="control-hint"),
+        html.Div(id="tensor-section", className="scroll tall"),
+        labelled(
+            "Mask inside one parameter",
+            dcc.Dropdown(id="mask-tensor", options=[], clearable=False),
+            HEATMAP_NOTE,
+        ),
+        dcc.Graph(id="mask-heatmap", config=GRAPH_CONFIG),
+    ]
+    return section("Where the mask lands", children, "masks")
+
+
+def _compare_section() -> html.Div:
+    other = dcc.Input(
+        id="compare-id",
+        type="text",
+        debounce=True,
+        placeholder="a study id or a share link",
+        className="text-input",
+    )
+    children = [labelled("Other study", other, COMPARE_NOTE), html.Div(id="compare-section")]
+    return section("Compare with another study's masks", children, "compare")
+
+
+def _estimators_section() -> html.Div:
+    figure = html.Div(
+        [dcc.Graph(id="estimator-figure", config=GRAPH_CONFIG), html.Div(id="estimator-notes")],
+        className="grid-2",
+    )
+    children = [figure, html.Div(id="estimator-section", className="scroll")]
+    return section("Estimators against the exact Fisher", children, "estimators")
