@@ -30,8 +30,10 @@ from backend.study_schemas import (
     StudyMaskComparison,
     StudyMaskView,
     StudyPartPublic,
+    StudyPrompt,
     StudyPublic,
 )
+from backend.tokens import TokenCodec
 from backend.vocabulary import SamplerKind, format_method, is_on_policy, parse_method
 
 MASKS_NAME = "masks.safetensors"
@@ -66,41 +68,11 @@ class StudyService:
                 "a study samples its responses: use sampler.kind 'model' or 'uniform', not 'data'",
                 field="sampler.kind",
             )
-        reward = None
-        if create.reward is not None:
-            if create.reward.kind == RewardKind.exact and create.reward.pattern is not None:
-                raise RequestError("an exact reward takes no pattern; remove it", field="reward.pattern")
-            try:
-                reward = RewardRule(create.reward.kind, create.reward.pattern)
-            except ValueError as error:
-                raise RequestError(str(error), field="reward.pattern") from None
+        reward = _reward_rule(create)
         limit = self.settings.max_prefix_tokens
-        prompts = []
-        for number, item in enumerate(create.prompts, start=1):
-            where = f"prompts[{number - 1}]"
-            text = check_text(item.prompt, f"{where}.prompt")
-            ids = codec.encode_prefix(text) if text.strip() else []
-            if not ids:
-                raise RequestError(f"prompt {number} is empty; write its text", field=f"{where}.prompt")
-            if len(ids) > limit:
-                raise RequestError(
-                    f"prompt {number} is {len(ids)} tokens, over the limit of {limit}; shorten it",
-                    field=f"{where}.prompt",
-                )
-            target_ids = None
-            if item.target:
-                target_ids = codec.encode_continuation(check_text(item.target, f"{where}.target"))
-            elif reward is not None:
-                raise RequestError(
-                    f"prompt {number} has no target; the reward compares each response with it",
-                    field=f"{where}.target",
-                )
-            if reward is not None:
-                try:
-                    reward.check_target(item.target or "")
-                except ValueError as error:
-                    raise RequestError(f"prompt {number}: {error}", field="reward.pattern") from None
-            prompts.append(StudyJobPrompt(input_ids=ids, target=item.target or None, target_ids=target_ids))
+        prompts = [
+            _prompt(number, item, codec, limit, reward) for number, item in enumerate(create.prompts, start=1)
+        ]
         job = StudyJob(
             model=create.model,
             weights_digest=info.digest,
@@ -361,3 +333,46 @@ def _study_status(meta: dict, parts: list[StudyPartPublic]) -> tuple[JobStatus, 
     if any(p.status != JobStatus.queued for p in parts) or meta.get("stage") == "reduce":
         return JobStatus.running, None
     return JobStatus.queued, None
+
+
+def _reward_rule(create: StudyCreate) -> RewardRule | None:
+    """The study's reward as a rule (its pattern compiled), or a 422 saying what to fix."""
+    if create.reward is None:
+        return None
+    if create.reward.kind == RewardKind.exact and create.reward.pattern is not None:
+        raise RequestError("an exact reward takes no pattern; remove it", field="reward.pattern")
+    try:
+        return RewardRule(create.reward.kind, create.reward.pattern)
+    except ValueError as error:
+        raise RequestError(str(error), field="reward.pattern") from None
+
+
+def _prompt(
+    number: int, item: StudyPrompt, codec: TokenCodec, limit: int, reward: RewardRule | None
+) -> StudyJobPrompt:
+    """Prompt ``number`` (1-based) tokenized and checked: not empty, within ``limit`` tokens, with a
+    target the reward can take when there is a reward."""
+    where = f"prompts[{number - 1}]"
+    text = check_text(item.prompt, f"{where}.prompt")
+    ids = codec.encode_prefix(text) if text.strip() else []
+    if not ids:
+        raise RequestError(f"prompt {number} is empty; write its text", field=f"{where}.prompt")
+    if len(ids) > limit:
+        raise RequestError(
+            f"prompt {number} is {len(ids)} tokens, over the limit of {limit}; shorten it",
+            field=f"{where}.prompt",
+        )
+    target_ids = None
+    if item.target:
+        target_ids = codec.encode_continuation(check_text(item.target, f"{where}.target"))
+    elif reward is not None:
+        raise RequestError(
+            f"prompt {number} has no target; the reward compares each response with it",
+            field=f"{where}.target",
+        )
+    if reward is not None:
+        try:
+            reward.check_target(item.target or "")
+        except ValueError as error:
+            raise RequestError(f"prompt {number}: {error}", field="reward.pattern") from None
+    return StudyJobPrompt(input_ids=ids, target=item.target or None, target_ids=target_ids)
