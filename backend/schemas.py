@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from backend.summary import AnalysisSummary, CostEstimate, TopCoordinate
 from backend.vocabulary import EngineKind, SamplerKind, parse_method
 
-# Bumped whenever the engine's numbers change, so old cache entries (and certificates) stop matching.
-ENGINE_VERSION = "4"
+# Bumped whenever the engine's numbers or the summary's shape (backend/summary.py) change, so old cache
+# entries (and certificates) stop matching.
+ENGINE_VERSION = "5"
 
 
 class JobStatus(StrEnum):

@@ -49,10 +49,20 @@ def test_every_stat_equals_the_brute_force(family, tied, tiny_random):
 
 
 def test_text_input_gives_the_services_numbers(tiny_random):
-    """The notebook's analysis of a text prefix and reward is the worker's analysis of the same request."""
-    result = analyze(
-        tiny_random.model, tiny_random.tokenizer, "She drank a cup of", reward={" tea": 1.0}, temperature=0.7
-    )
+    """The notebook's analysis of a text prefix and reward is the worker's analysis of the same request;
+    a model in training mode is analysed in eval mode and left in training mode."""
+    tiny_random.model.train()
+    try:
+        result = analyze(
+            tiny_random.model,
+            tiny_random.tokenizer,
+            "She drank a cup of",
+            reward={" tea": 1.0},
+            temperature=0.7,
+        )
+        assert tiny_random.model.training
+    finally:
+        tiny_random.model.eval()
     ids = tiny_random.tokenizer.encode("She drank a cup of").ids
     (tea,) = tiny_random.tokenizer.encode(" tea", add_special_tokens=False).ids
     job = AnalysisJob(

@@ -220,3 +220,16 @@ def test_over_real_redis_the_new_reward_reads_the_kept_analysis_from_redis(tiny_
     whole, whole_pooled = _run(job, LocalStore(alone.results_dir), alone, pool)
     _assert_same(reused, whole)
     _assert_same(reused_pooled, whole_pooled, "pooled")
+
+
+def test_a_kept_analysis_that_cannot_answer_lets_the_job_run_whole(tiny_random, tmp_path: Path):
+    """The kept analysis's top-q sets evicted: the new reward is computed whole, not failed."""
+    pool = _Pool(tiny_random)
+    settings = folder_settings(tmp_path)
+    store = LocalStore(settings.results_dir)
+    first = _job(tiny_random, {_token(tiny_random, " tea"): 1.0})
+    _run(first, store, settings, pool)
+    settings.levels_path(first.key()).unlink()  # as the exports budget may remove it
+    summary, _ = _run(_job(tiny_random, {_token(tiny_random, " tea"): 2.0}), store, settings, pool)
+    assert store.read_counter(jobs.ENGINE_RUNS) == 2 and store.read_counter(jobs.REWARD_REUSES) == 0
+    assert summary["timing"]["fisher_reused"] is False

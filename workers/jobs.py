@@ -9,6 +9,7 @@ embedded in-process worker thread. It talks to the store through ``backend.store
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import threading
@@ -41,6 +42,7 @@ from workers.reward_reuse import (
     pooled_grid,
 )
 
+_log = logging.getLogger(__name__)
 _pool: ModelPool | None = None
 _pool_lock = threading.Lock()
 
@@ -207,13 +209,7 @@ def execute_analysis(
         store.update_meta(analysis_id, status="running", stage="load", progress=0.0, error=None)
         try:
             loaded = load_for(job, pool or model_pool())
-            reused = answer_from_kept(loaded, job, request_from_job(job), store, settings)
-            if reused is not None:
-                summary, pooled, kept_id = reused
-                store.count(REWARD_REUSES)
-                summary["cost"] = _cost(loaded, job, settings)
-                copy_levels(kept_id, analysis_id, settings)
-                store.save_result(analysis_id, checked_summary(summary), pooled)
+            if _answered_from_kept(loaded, job, store, settings):
                 return
             store.count(ENGINE_RUNS)
             grid = pooled_grid(list(parameter_shapes(loaded).values()), settings)
@@ -229,13 +225,37 @@ def execute_analysis(
             )
             # the top-q sets first: an analysis that reads as done can be compared at once
             write_levels(analysis, settings.levels_path(analysis_id), settings)
-            with contextlib.suppress(OSError):  # a cache for later rewards: without it they run whole
+            try:
                 keep_for_rewards(analysis, job, settings)
+            except Exception as error:  # a cache for later rewards: without it they run whole
+                _log.warning("kept no Fisher roots for %s: %s", analysis_id[:12], _reason(error))
             store.save_result(analysis_id, checked_summary(analysis.summary), analysis.pooled(*grid))
         except BaseException as error:  # includes RQ's timeout; the job must end failed, never running
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):
                 raise
+
+
+def _answered_from_kept(loaded: LoadedModel, job: AnalysisJob, store: Store, settings: Settings) -> bool:
+    """Answer ``job`` from a kept analysis of it under another reward (``workers.reward_reuse``); False
+    when there is none, or when answering from it failed: the job then runs whole, with the same result."""
+    analysis_id = job.key()
+    try:
+        reused = answer_from_kept(loaded, job, request_from_job(job), store, settings)
+        if reused is None:
+            return False
+        summary, pooled, kept_id = reused
+        summary["cost"] = _cost(loaded, job, settings)
+        copy_levels(kept_id, analysis_id, settings)
+        checked_summary(summary)
+    except Exception as error:
+        _log.warning(
+            "answering %s from a kept analysis failed, running it whole: %s", analysis_id[:12], _reason(error)
+        )
+        return False
+    store.count(REWARD_REUSES)
+    store.save_result(analysis_id, summary, pooled)
+    return True
 
 
 def execute_export(

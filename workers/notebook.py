@@ -18,7 +18,8 @@ digest, so a model whose weights changed (a training step) is checked again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +46,9 @@ Tokens = str | Sequence[int] | torch.Tensor
 
 
 def engine_model(model: PreTrainedModel, tokenizer: Any, name: str | None = None) -> LoadedModel:
-    """``model`` (a causal LM, eval mode, its own dtype and device) and its tokenizer (a transformers
-    fast tokenizer or a ``tokenizers.Tokenizer``) as the engine reads them, certified."""
-    model.eval()
+    """``model`` (a causal LM, its own dtype and device) and its tokenizer (a transformers fast tokenizer
+    or a ``tokenizers.Tokenizer``) as the engine reads them, certified. The engine computes what the
+    model computes in eval mode (no dropout): ``analyze`` and ``study`` put it there and back."""
     size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     label = name or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
     info = info_from_model(label, model, state_dict_digest(model), "a model in memory", size)
@@ -81,18 +82,18 @@ def analyze(
     seeds its draws). The result's ``summary`` is the dashboard's JSON; ``per_parameter(stat)`` the
     tensors by name; ``save(path)`` a safetensors file as ``fisherscope analyze --save`` writes.
     """
-    loaded = model if isinstance(model, LoadedModel) else engine_model(model, tokenizer)
-    codec = TokenCodec(loaded.tokenizer)
-    data_id = None if data_token is None else _token_id(codec, data_token)
-    config = _sampler(sampler, temperature, top_k, top_p, engine, data_id)
-    request = AnalysisRequest(
-        input_ids=_ids(prefix, codec.encode_prefix),
-        continuation_ids=[] if continuation is None else _ids(continuation, codec.encode_continuation),
-        sampler=config,
-        method=Method.parse(method, seed=seed),
-        reward={_token_id(codec, token): float(value) for token, value in (reward or {}).items()},
-    )
-    return run_analysis(loaded, request, get_settings().engine_memory_bytes)
+    with _evaluating(model):
+        loaded = model if isinstance(model, LoadedModel) else engine_model(model, tokenizer)
+        codec = TokenCodec(loaded.tokenizer)
+        data_id = None if data_token is None else _token_id(codec, data_token)
+        request = AnalysisRequest(
+            input_ids=_ids(prefix, codec.encode_prefix),
+            continuation_ids=[] if continuation is None else _ids(continuation, codec.encode_continuation),
+            sampler=_sampler(sampler, temperature, top_k, top_p, engine, data_id),
+            method=Method.parse(method, seed=seed),
+            reward={_token_id(codec, token): float(value) for token, value in (reward or {}).items()},
+        )
+        return run_analysis(loaded, request, get_settings().engine_memory_bytes)
 
 
 @dataclass
@@ -126,8 +127,6 @@ def study(
     """``fisherscope study`` on ``prompts`` (texts, or (prompt, target) pairs; a reward needs targets):
     ``samples`` responses of at most ``max_tokens`` per prompt drawn from the sampler, the sequence
     Fisher summed over them, masks at the densities ``q``, the estimators and the paper's statistics."""
-    loaded = model if isinstance(model, LoadedModel) else engine_model(model, tokenizer)
-    codec = TokenCodec(loaded.tokenizer)
     rule = None
     if reward_exact or reward_regex is not None:
         rule = RewardRule(RewardKind.exact) if reward_exact else RewardRule(RewardKind.regex, reward_regex)
@@ -140,6 +139,26 @@ def study(
         reward=rule,
         fractions=tuple(q),
     )
+    with _evaluating(model):
+        loaded = model if isinstance(model, LoadedModel) else engine_model(model, tokenizer)
+        encoded = _study_prompts(prompts, TokenCodec(loaded.tokenizer), rule)
+        part = run_study_part(
+            study_model_of(loaded, spec),
+            spec,
+            encoded,
+            memory_budget_bytes=get_settings().engine_memory_bytes,
+        )
+    finished = finish_study(part, spec, model_meta(loaded))
+    masks = {
+        fraction: mask_tensors(finished.fisher_levels, fraction, part.sums) for fraction in spec.fractions
+    }
+    return StudyResult(finished.summary, masks, averaged_arrays(part))
+
+
+def _study_prompts(
+    prompts: Iterable[str | tuple[str, str]], codec: TokenCodec, rule: RewardRule | None
+) -> list[EncodedPrompt]:
+    """Each prompt (a text, or a (prompt, target) pair) as the study reads it; a reward needs targets."""
     encoded = []
     for index, item in enumerate(prompts):
         text, target = (item, None) if isinstance(item, str) else item
@@ -147,19 +166,24 @@ def study(
             raise ValueError(f"prompt {index} has no target; the reward compares each response with it")
         if rule is not None:
             rule.check_target(target or "")
-        ids = codec.encode_prefix(text)
         target_ids = codec.encode_continuation(target) if target else None
-        encoded.append(EncodedPrompt(index, index + 1, ids, target, target_ids))
+        encoded.append(EncodedPrompt(index, index + 1, codec.encode_prefix(text), target, target_ids))
     if not encoded:
         raise ValueError("no prompts: give at least one")
-    part = run_study_part(
-        study_model_of(loaded, spec), spec, encoded, memory_budget_bytes=get_settings().engine_memory_bytes
-    )
-    finished = finish_study(part, spec, model_meta(loaded))
-    masks = {
-        fraction: mask_tensors(finished.fisher_levels, fraction, part.sums) for fraction in spec.fractions
-    }
-    return StudyResult(finished.summary, masks, averaged_arrays(part))
+    return encoded
+
+
+@contextmanager
+def _evaluating(model: PreTrainedModel | LoadedModel) -> Iterator[None]:
+    """The model in eval mode while the engine reads it, then back in the mode it was in (a training
+    loop that calls ``analyze`` keeps its dropout)."""
+    module = model.model if isinstance(model, LoadedModel) else model
+    training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(training)
 
 
 def _sampler(

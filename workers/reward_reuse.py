@@ -21,7 +21,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from backend.disk import evict_to_budget
+from backend.disk import evict_to_budget, mark_used
 from backend.schemas import AnalysisJob
 from backend.settings import Settings
 from backend.store import Store
@@ -71,8 +71,11 @@ def keep_for_rewards(analysis: Analysis, job: AnalysisJob, settings: Settings) -
         "any_fisher": json.dumps(roots.any_fisher),
     }
     partial = target.with_name(f".{target.name}.{os.getpid()}.part")
-    save_file(arrays, str(partial), metadata=metadata)
-    partial.replace(target)
+    try:
+        save_file(arrays, str(partial), metadata=metadata)
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
     evict_to_budget(settings.exports_dir, settings.exports_budget_bytes, keep=target)
 
 
@@ -94,13 +97,15 @@ def kept_for(job: AnalysisJob, settings: Settings) -> KeptFisher | None:
                 return None
             totals = json.loads(metadata["totals"])
             rows, cols = json.loads(metadata["grid"])
+            any_fisher = bool(json.loads(metadata["any_fisher"]))
             pooled = [
                 {name: handle.get_tensor(f"pooled/{t}/{name}") for name in at} for t, at in enumerate(totals)
             ]
             levels = handle.get_tensor("levels")
     except (OSError, SafetensorError, ValueError, KeyError):
         return None
-    roots = FisherRoots((rows, cols), totals, pooled, any_fisher=json.loads(metadata["any_fisher"]))
+    mark_used(path)  # read: the last to be evicted
+    roots = FisherRoots((rows, cols), totals, pooled, any_fisher=any_fisher)
     return KeptFisher(metadata["analysis_id"], roots, levels)
 
 
@@ -139,13 +144,14 @@ def parameter_shapes(loaded: LoadedModel) -> dict[str, tuple[int, ...]]:
 
 
 def copy_levels(from_id: str, to_id: str, settings: Settings) -> None:
-    """The top-q Fisher sets of the kept analysis are this one's too (compares read them by id)."""
+    """The top-q Fisher sets of the kept analysis are this one's too (compares read them by id), copied:
+    a second name of the same file would free nothing when the exports budget removes it. Raises
+    FileNotFoundError when the kept analysis's sets are gone (evicted): the caller then runs whole."""
     source, target = settings.levels_path(from_id), settings.levels_path(to_id)
-    if not source.is_file():
-        return
     partial = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:
-        os.link(source, partial)
-    except OSError:
         partial.write_bytes(Path(source).read_bytes())
-    partial.replace(target)
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    evict_to_budget(settings.exports_dir, settings.exports_budget_bytes, keep=target)
