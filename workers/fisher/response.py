@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from workers.fisher.capture import capture_forward
+from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.methods import Method
 from workers.fisher.position import HeadLayout, PositionInputs, PositionMoments, position_moments
 from workers.fisher.sampler import SamplerConfig, model_distribution, sampler_distribution
@@ -83,6 +83,68 @@ def _position_totals(m: PositionMoments, on_policy: bool) -> dict[str, float]:
     return totals
 
 
+@dataclass
+class SequenceForward:
+    """The analysed context's forward: each position's target, p and mu, and its captured forward.
+
+    Why one class: ``analyze_sequence`` and ``reward_pass.policy_gradient_pass`` must read the same
+    logits, sampler and contexts, so that a reward answered without the Fisher equals the whole analysis.
+    """
+
+    model: nn.Module
+    full: torch.Tensor  # prefix then continuation ids
+    continuation_ids: torch.Tensor
+    first: int  # index in ``full`` of the first analysed hidden state
+    positions: int
+    sampler: SamplerConfig
+    logits: torch.Tensor  # [t, V] float64
+    engine_logits: torch.Tensor | None
+    captured: CapturedForward | None  # a single position's, handed over by ``capture``
+
+    @classmethod
+    def run(
+        cls,
+        model: nn.Module,
+        prefix_ids: torch.Tensor,
+        continuation_ids: torch.Tensor,
+        sampler: SamplerConfig,
+        engine_model: nn.Module | None = None,
+    ) -> SequenceForward:
+        full = torch.cat([prefix_ids, continuation_ids])
+        positions = max(1, continuation_ids.numel())
+        first = prefix_ids.numel() - 1
+        context = full[: first + positions]
+        # one position: its captured forward gives the logits too (the same computation, bit for bit),
+        # so the model runs once (~0.1-0.2 s of a short prefix's analysis on SmolLM2: its weights are read
+        # once)
+        captured = capture_forward(model, context) if positions == 1 else None
+        logits = (
+            next_token_logits(model, context) if captured is None else captured.logits[0].detach().double()
+        )
+        engine_logits = next_token_logits(engine_model, context) if engine_model is not None else None
+        return cls(model, full, continuation_ids, first, positions, sampler, logits, engine_logits, captured)
+
+    def context(self, t: int) -> torch.Tensor:
+        return self.full[: self.first + t + 1]
+
+    def target(self, t: int) -> int | None:
+        return int(self.continuation_ids[t]) if self.continuation_ids.numel() else None
+
+    def distributions(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(p, mu) over position t's next token."""
+        index = self.first + t
+        engine = None if self.engine_logits is None else self.engine_logits[index]
+        return model_distribution(self.logits[index]), sampler_distribution(
+            self.sampler, self.logits[index], engine, self.target(t)
+        )
+
+    def capture(self, t: int) -> CapturedForward:
+        """Position t's captured forward: a single position's is the one the logits came from, handed over
+        once (the position frees it when it is done)."""
+        captured, self.captured = self.captured, None
+        return captured if captured is not None else capture_forward(self.model, self.context(t))
+
+
 def analyze_sequence(
     model: nn.Module,
     prefix_ids: torch.Tensor,
@@ -105,29 +167,17 @@ def analyze_sequence(
     sums take them over (read, never keep or modify).
     """
     layout = HeadLayout.of(model)
-    full = torch.cat([prefix_ids, continuation_ids])
-    n_positions = max(1, continuation_ids.numel())
-    first = prefix_ids.numel() - 1  # index in ``full`` of the first analysed hidden state
     report = progress or (lambda stage, fraction: None)
     report("forward", 0.0)
-    context = full[: first + n_positions]
-    # one position: its captured forward gives the logits too (the same computation, bit for bit), so
-    # the model runs once (~0.1-0.2 s of a short prefix's analysis on SmolLM2: its weights are read once)
-    captured = capture_forward(model, context) if n_positions == 1 else None
-    logits = next_token_logits(model, context) if captured is None else captured.logits[0].detach().double()
-    engine_logits = next_token_logits(engine_model, context) if engine_model is not None else None
+    forward = SequenceForward.run(model, prefix_ids, continuation_ids, sampler, engine_model)
+    n_positions = forward.positions
     sums = MomentSums(layout.names, layout.shapes)
     result = SequenceAnalysis(sums)
     for t in range(n_positions):
-        index = first + t
-        target = int(continuation_ids[t]) if continuation_ids.numel() else None
-        p = model_distribution(logits[index])
-        mu = sampler_distribution(
-            sampler, logits[index], None if engine_logits is None else engine_logits[index], target
-        )
-        inputs = PositionInputs(full[: index + 1], p, mu, reward, sampler.is_on_policy)
-        capture = captured if captured is not None else capture_forward(model, inputs.context_ids)
-        captured = None  # the position frees its capture when it is done
+        target = forward.target(t)
+        p, mu = forward.distributions(t)
+        inputs = PositionInputs(forward.context(t), p, mu, reward, sampler.is_on_policy)
+        capture = forward.capture(t)
 
         def chunk_progress(fraction: float, t: int = t) -> None:
             report("directions", (t + fraction) / n_positions)

@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from workers.fisher.capture import CapturedForward, capture_forward
+from workers.fisher.capture import CapturedForward
 from workers.fisher.directions import LinearGroup, backprop_directions
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.pooling import pooled_view
 from workers.fisher.position import HeadLayout, HeadTerms, PositionMoments, head_rows
-from workers.fisher.response import next_token_logits
-from workers.fisher.sampler import SamplerConfig, model_distribution, sampler_distribution
+from workers.fisher.response import SequenceForward
+from workers.fisher.sampler import SamplerConfig
 from workers.fisher.stats import square_total
 
 Params = dict[str, torch.Tensor]
@@ -97,24 +97,12 @@ def policy_gradient_pass(
     """The policy gradient Cov_mu(r, kappa) at every position of ``analyze_sequence``'s, summed: the
     same logits, sampler and head closed form, with the reward's direction as the only backward."""
     layout = HeadLayout.of(model)
-    full = torch.cat([prefix_ids, continuation_ids])
-    n_positions = max(1, continuation_ids.numel())
-    first = prefix_ids.numel() - 1
-    context = full[: first + n_positions]
-    captured = capture_forward(model, context) if n_positions == 1 else None
-    logits = next_token_logits(model, context) if captured is None else captured.logits[0].detach().double()
-    engine_logits = next_token_logits(engine_model, context) if engine_model is not None else None
+    forward = SequenceForward.run(model, prefix_ids, continuation_ids, sampler, engine_model)
     summed: Params = {}
     positions: list[RewardPosition] = []
-    for t in range(n_positions):
-        index = first + t
-        target = int(continuation_ids[t]) if continuation_ids.numel() else None
-        p = model_distribution(logits[index])
-        mu = sampler_distribution(
-            sampler, logits[index], None if engine_logits is None else engine_logits[index], target
-        )
-        capture = captured if captured is not None else capture_forward(model, full[: index + 1])
-        captured = None
+    for t in range(forward.positions):
+        p, mu = forward.distributions(t)
+        capture = forward.capture(t)
         at, gradient = _position_gradient(
             layout, head_rows(model), capture, p, mu, reward, memory_budget_bytes
         )
@@ -126,7 +114,7 @@ def policy_gradient_pass(
                 summed[name] = value
         positions.append(at)
         if progress is not None:
-            progress((t + 1) / n_positions)
+            progress((t + 1) / forward.positions)
     return RewardPass(summed, positions)
 
 
