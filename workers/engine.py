@@ -23,7 +23,7 @@ from backend.vocabulary import STATS, EngineKind, SamplerKind
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.methods import Method
 from workers.fisher.model_summary import model_summary
-from workers.fisher.pooling import pooled_cells, pooled_view, zero_view
+from workers.fisher.pooling import pooled_bytes, pooled_view, zero_view
 from workers.fisher.position import HeadLayout
 from workers.fisher.position_summary import position_summary
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
@@ -109,8 +109,7 @@ class Analysis:
 
     def pooled_bytes(self, max_rows: int = 128, max_cols: int = 128, stats: tuple[str, ...] = STATS) -> int:
         """What ``pooled`` would send (float32 values), from the shapes alone."""
-        cells = sum(pooled_cells(shape, max_rows, max_cols) for shape in self.sequence.sums.shapes.values())
-        return 4 * len(stats) * cells
+        return pooled_bytes(self.sequence.sums.shapes.values(), max_rows, max_cols, len(stats))
 
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
         """safetensors: ``<stat>/<param name>`` for every stat and parameter, plus the token ids."""

@@ -25,12 +25,13 @@ from backend.service import queued_meta
 from backend.settings import Settings, get_settings
 from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
 from backend.summary import checked_summary
-from backend.vocabulary import EngineKind
+from backend.vocabulary import STATS, EngineKind
 from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
 from workers.exports import Float16Overflow, write_export
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.masks import top_q_levels
 from workers.fisher.methods import Method
+from workers.fisher.pooling import pooled_grid
 from workers.fisher.sampler import SamplerConfig
 from workers.fisher.sampling import sample_continuation, stop_ids
 from workers.models.loading import LoadedModel, ModelPool
@@ -39,7 +40,6 @@ from workers.reward_reuse import (
     copy_levels,
     keep_for_rewards,
     parameter_shapes,
-    pooled_grid,
 )
 
 _log = logging.getLogger(__name__)
@@ -212,7 +212,10 @@ def execute_analysis(
             if _answered_from_kept(loaded, job, store, settings):
                 return
             store.count(ENGINE_RUNS)
-            grid = pooled_grid(list(parameter_shapes(loaded).values()), settings)
+            shapes = list(parameter_shapes(loaded).values())
+            grid = pooled_grid(
+                shapes, settings.pooled_rows, settings.pooled_cols, settings.max_result_bytes, len(STATS)
+            )
             analysis = analyze_job(
                 loaded,
                 job,

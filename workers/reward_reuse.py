@@ -25,9 +25,7 @@ from backend.disk import evict_to_budget, mark_used
 from backend.schemas import AnalysisJob
 from backend.settings import Settings
 from backend.store import Store
-from backend.vocabulary import STATS
 from workers.engine import Analysis, AnalysisRequest, with_reward
-from workers.fisher.pooling import pooled_cells
 from workers.fisher.reward_pass import FisherRoots
 from workers.fisher.reward_summary import flat_levels
 from workers.models.loading import LoadedModel
@@ -38,18 +36,6 @@ FORMAT = "fisherscope-fisher-roots-1"
 def family(job: AnalysisJob) -> str:
     """The key of ``job`` without its reward: what every reward on the same analysis shares."""
     return job.model_copy(update={"reward": {}}).key()
-
-
-def pooled_grid(shapes: list[tuple[int, ...]], settings: Settings) -> tuple[int, int]:
-    """The configured grid of the pooled views, halved until every stat's views fit the per-analysis
-    budget (``max_result_bytes``); a function of the shapes alone, so it is known before the analysis."""
-    rows, cols = settings.pooled_rows, settings.pooled_cols
-    while (
-        4 * len(STATS) * sum(pooled_cells(shape, rows, cols) for shape in shapes) > settings.max_result_bytes
-        and rows * cols > 4
-    ):
-        rows, cols = max(1, rows // 2), max(1, cols // 2)
-    return rows, cols
 
 
 def keep_for_rewards(analysis: Analysis, job: AnalysisJob, settings: Settings) -> None:

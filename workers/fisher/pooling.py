@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +36,21 @@ def pooled_cells(shape: tuple[int, ...], max_rows: int, max_cols: int) -> int:
     """How many values a tensor's pooled view holds, known before it is pooled."""
     rows, cols = grid_shape(shape)
     return (len(block_edges(rows, max_rows)) - 1) * (len(block_edges(cols, max_cols)) - 1)
+
+
+def pooled_bytes(shapes: Iterable[tuple[int, ...]], max_rows: int, max_cols: int, stats: int) -> int:
+    """What the pooled views of ``stats`` stats of tensors of these shapes hold (float32 values)."""
+    return 4 * stats * sum(pooled_cells(shape, max_rows, max_cols) for shape in shapes)
+
+
+def pooled_grid(
+    shapes: Sequence[tuple[int, ...]], max_rows: int, max_cols: int, max_bytes: int, stats: int
+) -> tuple[int, int]:
+    """The grid (rows, cols) halved until the views fit ``max_bytes``: a function of the shapes alone,
+    so the views are pooled once, and the grid is known before the analysis runs."""
+    while pooled_bytes(shapes, max_rows, max_cols, stats) > max_bytes and max_rows * max_cols > 4:
+        max_rows, max_cols = max(1, max_rows // 2), max(1, max_cols // 2)
+    return max_rows, max_cols
 
 
 def pooled_view(
