@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 
-from backend.schemas import AnalysisJob, JobSampler
+from backend.schemas import JobSampler
 from backend.settings import Settings
 from backend.vocabulary import STATS
+from tests.test_engine import _job as engine_job
+from tests.test_engine import _token as token_id
 from tests.tiny_models import tiny_model
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.sampler import warped_distribution
@@ -63,15 +65,9 @@ def test_text_input_gives_the_services_numbers(tiny_random):
         assert tiny_random.model.training
     finally:
         tiny_random.model.eval()
-    ids = tiny_random.tokenizer.encode("She drank a cup of").ids
-    (tea,) = tiny_random.tokenizer.encode(" tea", add_special_tokens=False).ids
-    job = AnalysisJob(
-        model=tiny_random.id,
-        weights_digest=tiny_random.info.digest,
-        input_ids=ids,
-        sampler=JobSampler(temperature=0.7),
-        reward={str(tea): 1.0},
-    )
+    tea = str(token_id(tiny_random, " tea"))
+    job = engine_job(tiny_random, sampler=JobSampler(temperature=0.7), reward={tea: 1.0})
+    ids = job.input_ids
     service = analyze_job(tiny_random, job, Settings()).summary
     assert [t["id"] for t in result.summary["tokens"]["prefix"]] == ids
     assert result.summary["reward"] == service["reward"]
