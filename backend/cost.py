@@ -7,12 +7,11 @@ model at every analysed position, about 2 r P flop per context token (docs/desig
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 from backend.schemas import AnalysisJob, CostEstimate
 from backend.square_forms import prefers_ghost
-from backend.vocabulary import MethodName, SamplerKind, is_on_policy, parse_method
+from backend.vocabulary import Method, MethodName, SamplerKind
 
 
 class SizedModel(Protocol):
@@ -65,19 +64,10 @@ def backward_directions(info: SizedModel, job: AnalysisJob) -> int:
     Off-policy (mu != p) adds the d_model directions of the Fisher under p, which rho needs.
     `truncated:F` keeps about F of the directions (an upper bound); `mc:S` uses S.
     """
-    name, fraction, samples = parse_method(job.method)
-    mu_directions = sampler_directions(info.d_model, job)
-    s = job.sampler
-    p_directions = 0 if is_on_policy(s.kind, s.temperature, s.top_k, s.top_p, s.engine) else info.d_model
-    if name == MethodName.truncated:
-        assert fraction is not None
-        mu_directions = max(1, math.ceil(fraction * mu_directions))
-        p_directions = math.ceil(fraction * p_directions)
-    elif name == MethodName.mc:
-        assert samples is not None
-        mu_directions = samples
-        p_directions = samples if p_directions else 0
-    return mu_directions + p_directions
+    p_rank = 0 if job.sampler.is_on_policy else info.d_model
+    return job.method.direction_bound(sampler_directions(info.d_model, job)) + job.method.direction_bound(
+        p_rank
+    )
 
 
 def probe_directions(info: SizedModel, job: AnalysisJob) -> list[int]:
@@ -91,9 +81,8 @@ def probe_directions(info: SizedModel, job: AnalysisJob) -> list[int]:
     nucleus caps is not foreseen). A token that mu (or p) gives no mass needs none, and a response still
     to be sampled counts as all distinct.
     """
-    s = job.sampler
-    fishers = 1 if is_on_policy(s.kind, s.temperature, s.top_k, s.top_p, s.engine) else 2
-    if parse_method(job.method)[0] == MethodName.exact:
+    fishers = 1 if job.sampler.is_on_policy else 2
+    if job.method.name == MethodName.exact:
         fishers = 0 if sampler_directions(info.d_model, job) == info.d_model else 1
     if not info.tied_embeddings or not fishers:
         return [0] * len(context_lengths(job))
@@ -136,7 +125,7 @@ def estimate_cost(info: SizedModel, job: AnalysisJob, flops_per_second: float) -
         flops=flops,
         seconds=estimate_seconds(info, job, flops_per_second),
         directions=backward_directions(info, job),
-        upper_bound=parse_method(job.method)[0] == MethodName.truncated,
+        upper_bound=job.method.name == MethodName.truncated,
     )
 
 
@@ -144,6 +133,6 @@ def cheaper_methods(info: SizedModel, job: AnalysisJob, budget_flops: float) -> 
     """Methods that would fit the budget for this job, cheapest last (mc:16 is always offered)."""
     offers: list[str] = []
     for method in ("truncated:0.5", "truncated:0.25", "truncated:0.1", "mc:64", "mc:16"):
-        if estimate_flops(info, job.model_copy(update={"method": method})) <= budget_flops:
+        if estimate_flops(info, job.model_copy(update={"method": Method.parse(method)})) <= budget_flops:
             offers.append(method)
     return offers

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec, SampleSpec
+from backend.schemas import AnalysisCreate, AnalysisJob, SamplerSpec, SampleSpec
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
-from backend.vocabulary import SamplerKind, format_method, is_model_id, parse_method
+from backend.vocabulary import Sampler, SamplerKind, is_model_id
 
 
 class RequestError(ValueError):
@@ -96,7 +96,7 @@ def normalize(
         continuation_sample=sample,
         sampler=normalize_sampler(create.sampler, codec, bool(continuation_ids) or sample is not None),
         reward=_normalize_reward(create.reward, codec),
-        method=format_method(*parse_method(create.method)),
+        method=create.method,
     )
 
 
@@ -124,7 +124,7 @@ def _check_sample(create: AnalysisCreate, limits: RequestLimits) -> SampleSpec |
     return sample
 
 
-def normalize_sampler(spec: SamplerSpec, codec: TokenCodec, has_continuation: bool) -> JobSampler:
+def normalize_sampler(spec: SamplerSpec, codec: TokenCodec, has_continuation: bool) -> Sampler:
     if spec.kind != SamplerKind.data:
         if spec.data_token is not None:
             raise RequestError(
@@ -132,9 +132,9 @@ def normalize_sampler(spec: SamplerSpec, codec: TokenCodec, has_continuation: bo
                 field="sampler.data_token",
             )
         if spec.kind == SamplerKind.uniform:  # mu is uniform: temperature and truncation do not apply
-            return JobSampler(kind=SamplerKind.uniform)
+            return Sampler(kind=SamplerKind.uniform)
         top_k = spec.top_k if spec.top_k is not None and spec.top_k < codec.vocab_size else None
-        return JobSampler(
+        return Sampler(
             kind=SamplerKind.model,
             temperature=float(spec.temperature),
             top_k=top_k,
@@ -148,14 +148,14 @@ def normalize_sampler(spec: SamplerSpec, codec: TokenCodec, has_continuation: bo
                 "remove sampler.data_token",
                 field="sampler.data_token",
             )
-        return JobSampler(kind=SamplerKind.data)
+        return Sampler(kind=SamplerKind.data)
     if spec.data_token is None:
         raise RequestError(
             "the data sampler needs something to be one-hot on: give sampler.data_token "
             "(one token, text or '#ID') or a continuation",
             field="sampler.data_token",
         )
-    return JobSampler(
+    return Sampler(
         kind=SamplerKind.data, data_token_id=_single_token(codec, spec.data_token, "sampler.data_token")
     )
 

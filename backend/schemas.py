@@ -12,10 +12,10 @@ import json
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from backend.summary import AnalysisSummary, CostEstimate, TopCoordinate
-from backend.vocabulary import EngineKind, SamplerKind, parse_method
+from backend.vocabulary import METHOD_MAX_LENGTH, EngineKind, Method, Sampler, SamplerKind
 
 # Bumped whenever the engine's numbers or the summary's shape (backend/summary.py) change, so old cache
 # entries (and certificates) stop matching.
@@ -31,6 +31,17 @@ class JobStatus(StrEnum):
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 RewardValue = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+# A method on the wire is its written form; in Python it is the parsed value (one parse, at the edge).
+MethodField = Annotated[
+    Method,
+    PlainValidator(Method.parse),
+    PlainSerializer(str, return_type=str),
+    WithJsonSchema(
+        {"type": "string", "description": "exact | truncated:F | mc:S", "maxLength": METHOD_MAX_LENGTH}
+    ),
+    # the schema's default in its written form, not the dataclass's fields
+    Field(json_schema_extra={"default": str(Method())}),
+]
 
 
 class SamplerSpec(BaseModel):
@@ -72,26 +83,7 @@ class AnalysisCreate(BaseModel):
     reward: dict[Annotated[str, Field(max_length=256)], RewardValue] = Field(
         default_factory=dict, max_length=1024, description="token (text or '#ID') -> reward; others 0"
     )
-    method: str = Field("exact", max_length=64, description="exact | truncated:F | mc:S")
-
-    @field_validator("method")
-    @classmethod
-    def _method_is_known(cls, method: str) -> str:
-        parse_method(method)
-        return method
-
-
-class JobSampler(BaseModel):
-    """The sampler after tokenization: the data token is an id."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: SamplerKind = SamplerKind.model
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    engine: EngineKind = EngineKind.model
-    data_token_id: int | None = None
+    method: MethodField = Field(default=Method())
 
 
 class AnalysisJob(BaseModel):
@@ -109,9 +101,9 @@ class AnalysisJob(BaseModel):
         description="a response still to be drawn: the worker samples it, then runs the job of the concrete "
         "response, whose id this one's answers follow",
     )
-    sampler: JobSampler = Field(default_factory=JobSampler)
+    sampler: Sampler = Field(default_factory=Sampler, description="the data token, if any, is an id")
     reward: dict[str, float] = Field(default_factory=dict, description="token id (decimal) -> reward")
-    method: str = "exact"
+    method: MethodField = Field(default=Method())
     engine_version: str = ENGINE_VERSION
 
     def canonical_json(self) -> str:

@@ -34,7 +34,7 @@ from backend.study_schemas import (
     StudyPublic,
 )
 from backend.tokens import TokenCodec
-from backend.vocabulary import SamplerKind, format_method, is_on_policy, parse_method
+from backend.vocabulary import SamplerKind
 
 MASKS_NAME = "masks.safetensors"
 STUDY_KIND = "study"
@@ -82,7 +82,7 @@ class StudyService:
             max_tokens=create.max_tokens,
             seed=create.seed,
             sampler=normalize_sampler(create.sampler, codec, has_continuation=False),
-            method=format_method(*parse_method(create.method)),
+            method=create.method,
             reward=create.reward,
             q=create.q,
         )
@@ -94,13 +94,7 @@ class StudyService:
             max_tokens=job.max_tokens,
             sampler_kind=job.sampler.kind,
             top_k=job.sampler.top_k,
-            on_policy=is_on_policy(
-                job.sampler.kind,
-                job.sampler.temperature,
-                job.sampler.top_k,
-                job.sampler.top_p,
-                job.sampler.engine,
-            ),
+            on_policy=job.sampler.is_on_policy,
             references=REFERENCE_DISTRIBUTIONS,
             references_everywhere=False,
         )

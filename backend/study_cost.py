@@ -10,12 +10,11 @@ prompts. Each part is about 2 P flop per context token and direction, as in docs
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from backend.vocabulary import MethodName, SamplerKind, parse_method
+from backend.vocabulary import Method, SamplerKind
 
 CHEAPER_METHODS = ("truncated:0.5", "truncated:0.25", "truncated:0.1", "mc:64", "mc:16")
 
@@ -68,25 +67,13 @@ class StudyCost:
         return {**asdict(self), "upper_bound": True}
 
 
-def method_directions(method: str, rank_bound: int) -> int:
-    """Directions of a second moment of rank <= ``rank_bound`` under ``method``."""
-    name, fraction, samples = parse_method(method)
-    if name == MethodName.truncated:
-        assert fraction is not None
-        return max(1, math.ceil(fraction * rank_bound))
-    if name == MethodName.mc:
-        assert samples is not None
-        return samples
-    return rank_bound
-
-
-def estimate_study_cost(shape: StudyShape, method: str, flops_per_second: float) -> StudyCost:
+def estimate_study_cost(shape: StudyShape, method: Method, flops_per_second: float) -> StudyCost:
     p, d = shape.n_params, shape.d_model
     k, length = shape.samples, shape.max_tokens
     top_k = shape.top_k if shape.sampler_kind == SamplerKind.model else None
     rank = max(1, min(d, top_k - 1)) if top_k is not None else d
-    per_position = method_directions(method, rank) + (0 if shape.on_policy else 1)
-    reference_directions = method_directions(method, d) * shape.references
+    per_position = method.direction_bound(rank) + (0 if shape.on_policy else 1)
+    reference_directions = method.direction_bound(d) * shape.references
     exact = reference = score = sampling = 0.0
     for x in shape.prompt_lengths:
         # the prompt once, then K responses' later positions: contexts of x + 1 .. x + L - 1 tokens
@@ -112,5 +99,7 @@ def estimate_study_cost(shape: StudyShape, method: str, flops_per_second: float)
 def cheaper_study_methods(shape: StudyShape, budget_flops: float) -> list[str]:
     """Methods whose study would fit the budget, cheapest last."""
     return [
-        method for method in CHEAPER_METHODS if estimate_study_cost(shape, method, 1.0).flops <= budget_flops
+        method
+        for method in CHEAPER_METHODS
+        if estimate_study_cost(shape, Method.parse(method), 1.0).flops <= budget_flops
     ]

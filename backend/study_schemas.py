@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend.rewards import RewardKind
-from backend.schemas import ENGINE_VERSION, JobSampler, JobStatus, PooledView, SamplerSpec
-from backend.vocabulary import parse_method
+from backend.schemas import ENGINE_VERSION, JobStatus, MethodField, PooledView, SamplerSpec
+from backend.vocabulary import Method, Sampler
 
 DEFAULT_MASK_FRACTIONS = (0.001, 0.01, 0.05)
 
@@ -58,7 +58,7 @@ class StudyCreate(BaseModel):
     max_tokens: int = Field(default=16, ge=1, le=256, description="L: at most this many tokens each")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="same seed, same responses")
     sampler: SamplerSpec = Field(default_factory=lambda: SamplerSpec())
-    method: str = Field("exact", max_length=64, description="exact | truncated:F | mc:S")
+    method: MethodField = Field(default=Method())
     reward: StudyReward | None = None
     q: list[float] = Field(
         default_factory=lambda: list(DEFAULT_MASK_FRACTIONS),
@@ -66,12 +66,6 @@ class StudyCreate(BaseModel):
         max_length=8,
         description="mask densities, each in (0, 1)",
     )
-
-    @field_validator("method")
-    @classmethod
-    def _method_is_known(cls, method: str) -> str:
-        parse_method(method)
-        return method
 
     @field_validator("name")
     @classmethod
@@ -111,8 +105,8 @@ class StudyJob(BaseModel):
     samples: int
     max_tokens: int
     seed: int
-    sampler: JobSampler
-    method: str
+    sampler: Sampler
+    method: MethodField
     reward: StudyReward | None = None
     q: list[float]
     engine_version: str = ENGINE_VERSION

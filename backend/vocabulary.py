@@ -7,7 +7,9 @@ and each rule over them (when is mu == p, how is a method written), must have ex
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 # A model id: what the HTTP API accepts in place of a path (built-in and registered ids alike). It is a
@@ -90,53 +92,107 @@ class MethodName(StrEnum):
     mc = "mc"
 
 
-def is_on_policy(kind: str, temperature: float, top_k: int | None, top_p: float, engine: str) -> bool:
-    """mu == p exactly: the model sampler at temperature 1, no truncation, the model's own logits."""
-    return (
-        kind == SamplerKind.model
-        and temperature == 1.0
-        and top_k is None
-        and top_p == 1.0
-        and engine == EngineKind.model
-    )
+@dataclass(frozen=True)
+class Sampler:
+    """The sampler mu, resolved: what a job carries, the engine draws from and a cache key hashes.
+
+    A request names a data token as text (``backend.schemas.SamplerSpec``); once tokenized it is this
+    value, which travels unchanged from the normalized job to the engine.
+    """
+
+    kind: SamplerKind = SamplerKind.model
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    engine: EngineKind = EngineKind.model
+    data_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def is_on_policy(self) -> bool:
+        """mu == p exactly: the model sampler at temperature 1, no truncation, the model's own logits."""
+        return (
+            self.kind == SamplerKind.model
+            and self.temperature == 1.0
+            and self.top_k is None
+            and self.top_p == 1.0
+            and self.engine == EngineKind.model
+        )
 
 
+METHOD_MAX_LENGTH = 64
 METHOD_USAGE = "method must be 'exact', 'truncated:F' with 0 < F <= 1, or 'mc:S' with an integer S >= 2"
 
 
-def parse_method(method: object) -> tuple[MethodName, float | None, int | None]:
-    """Split ``exact`` | ``truncated:F`` | ``mc:S`` into (name, fraction, samples).
+@dataclass(frozen=True)
+class Method:
+    """How second moments are formed, written ``exact`` | ``truncated:F`` | ``mc:S``.
 
-    Raises ValueError with a message that says which forms are accepted.
+    ``Method.parse`` reads the written form once, where a request enters (schemas, CLI, links); the value
+    then travels as it is. ``str`` gives the canonical spelling, so ``truncated:.5`` and
+    ``truncated:0.5`` share a cache key.
     """
-    if not isinstance(method, str):
-        raise ValueError(METHOD_USAGE)
-    name, sep, arg = method.strip().partition(":")
-    if name == MethodName.exact and not sep:
-        return MethodName.exact, None, None
-    if name == MethodName.truncated and sep:
-        try:
-            fraction = float(arg)
-        except ValueError:
-            raise ValueError(f"{METHOD_USAGE}; got {method!r}") from None
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"{METHOD_USAGE}; got fraction {arg!r}")
-        return MethodName.truncated, fraction, None
-    if name == MethodName.mc and sep:
-        try:
-            samples = int(arg)
-        except ValueError:
-            raise ValueError(f"{METHOD_USAGE}; got {method!r}") from None
-        if samples < 2:
-            raise ValueError(f"{METHOD_USAGE}; got {samples} samples")
-        return MethodName.mc, None, samples
-    raise ValueError(f"{METHOD_USAGE}; got {method!r}")
 
+    name: MethodName = MethodName.exact
+    fraction: float | None = None  # truncated: share of trace(C_q) to keep
+    samples: int | None = None  # mc: tokens drawn
+    # mc: the draws' seed; not part of the written form (a job derives it from its own key)
+    seed: int = 0
 
-def format_method(name: str, fraction: float | None, samples: int | None) -> str:
-    """Canonical spelling of a parsed method (so ``truncated:.5`` and ``truncated:0.5`` share a key)."""
-    if name == MethodName.truncated:
-        return f"truncated:{float(fraction or 0.0)!r}"
-    if name == MethodName.mc:
-        return f"mc:{int(samples or 0)}"
-    return MethodName.exact.value
+    def __post_init__(self) -> None:
+        if self.name == MethodName.truncated and not (
+            self.fraction is not None and 0.0 < self.fraction <= 1.0
+        ):
+            raise ValueError(f"{METHOD_USAGE}; got fraction {self.fraction!r}")
+        if self.name == MethodName.mc and not (self.samples is not None and self.samples >= 2):
+            raise ValueError(f"{METHOD_USAGE}; got {self.samples} samples")
+
+    @classmethod
+    def parse(cls, text: object, seed: int = 0) -> Method:
+        """Raises ValueError with a message that says which forms are accepted."""
+        if isinstance(text, Method):
+            return replace(text, seed=seed) if seed else text
+        if not isinstance(text, str) or len(text) > METHOD_MAX_LENGTH:
+            raise ValueError(METHOD_USAGE)
+        name, sep, arg = text.strip().partition(":")
+        if name == MethodName.exact and not sep:
+            return cls(seed=seed)
+        if name in (MethodName.truncated, MethodName.mc) and sep:
+            truncated = name == MethodName.truncated
+            try:
+                number = float(arg) if truncated else int(arg)
+            except ValueError:
+                raise ValueError(f"{METHOD_USAGE}; got {text!r}") from None
+            if truncated:
+                return cls(MethodName.truncated, fraction=number, seed=seed)
+            return cls(MethodName.mc, samples=int(number), seed=seed)
+        raise ValueError(f"{METHOD_USAGE}; got {text!r}")
+
+    def with_seed(self, seed: int) -> Method:
+        return replace(self, seed=seed)
+
+    def direction_bound(self, rank_bound: int) -> int:
+        """Directions of a second moment of rank <= ``rank_bound`` (``truncated:F``: an upper bound)."""
+        if rank_bound <= 0:
+            return 0
+        if self.name == MethodName.truncated:
+            assert self.fraction is not None
+            return max(1, math.ceil(self.fraction * rank_bound))
+        if self.name == MethodName.mc:
+            assert self.samples is not None
+            return self.samples
+        return rank_bound
+
+    def __str__(self) -> str:
+        if self.name == MethodName.truncated:
+            return f"truncated:{float(self.fraction or 0.0)!r}"
+        if self.name == MethodName.mc:
+            return f"mc:{int(self.samples or 0)}"
+        return MethodName.exact.value

@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from backend.vocabulary import Method  # noqa: E402
 from tests.tiny_models import FAMILIES, PAD_ID, tiny_model  # noqa: E402
 from workers.fisher.capture import capture_forward  # noqa: E402
-from workers.fisher.methods import Method  # noqa: E402
 from workers.fisher.position import PositionInputs, position_moments  # noqa: E402
 from workers.fisher.reference import (  # noqa: E402
     brute_force_logit_sensitivities,

@@ -255,14 +255,13 @@ def precision(loaded, device: str, tokens: int = 5) -> dict:
     weights: the relative L2 error of the whole stat and the largest of its tensors'."""
     import copy
 
-    from backend.vocabulary import STATS
+    from backend.vocabulary import STATS, Sampler
     from workers.engine import AnalysisRequest, run_analysis
-    from workers.fisher.sampler import SamplerConfig
     from workers.models.loading import LoadedModel
 
     ids = _ids(loaded, tokens)
     # tempered, so that the sampler's own stats (the mean shift, the uncentered Fisher) are not zero
-    request = AnalysisRequest(input_ids=ids, sampler=SamplerConfig(temperature=0.7), reward={3: 1.0})
+    request = AnalysisRequest(input_ids=ids, sampler=Sampler(temperature=0.7), reward={3: 1.0})
     model64 = copy.deepcopy(loaded.model).double()
     reference = run_analysis(
         LoadedModel(id=loaded.id, model=model64, info=loaded.info, tokenizer=loaded.tokenizer),

@@ -16,9 +16,15 @@ import time
 from pathlib import Path
 
 from backend.local_store import LocalStore
-from backend.schemas import AnalysisJob, JobSampler
+from backend.schemas import AnalysisJob
 from backend.settings import Settings
-from backend.vocabulary import LANDING_CONTINUATION, LANDING_PREFIX, LANDING_TEMPERATURE, LANDING_TOP_K
+from backend.vocabulary import (
+    LANDING_CONTINUATION,
+    LANDING_PREFIX,
+    LANDING_TEMPERATURE,
+    LANDING_TOP_K,
+    Sampler,
+)
 from workers import jobs
 from workers.jobs import model_pool
 
@@ -48,7 +54,7 @@ def main() -> None:
             continuation_ids=[]
             if args.prefix_only
             else encode(LANDING_CONTINUATION, add_special_tokens=False).ids,
-            sampler=JobSampler(temperature=LANDING_TEMPERATURE, top_k=LANDING_TOP_K),
+            sampler=Sampler(temperature=LANDING_TEMPERATURE, top_k=LANDING_TOP_K),
             reward=ids,
         )
 

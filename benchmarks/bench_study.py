@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.rewards import RewardKind, RewardRule  # noqa: E402
 from backend.settings import get_settings  # noqa: E402
 from backend.tokens import TokenCodec  # noqa: E402
+from backend.vocabulary import Sampler  # noqa: E402
 from workers.fisher.position import HeadLayout  # noqa: E402
 from workers.fisher.response import log_likelihood_gradient  # noqa: E402
-from workers.fisher.sampler import SamplerConfig  # noqa: E402
 from workers.fisher.sampling import (
     sample_continuation,  # noqa: E402
     stop_ids,  # noqa: E402
@@ -272,7 +272,7 @@ def main() -> None:
         get_settings().max_prefix_tokens,
     )
     spec = StudySpec(
-        SamplerConfig(top_k=args.top_k),
+        Sampler(top_k=args.top_k),
         samples=args.samples,
         max_tokens=args.tokens,
         seed=args.seed,

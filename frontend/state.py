@@ -25,10 +25,9 @@ from backend.vocabulary import (
     LANDING_TOP_K,
     MODEL_ID_RULE,
     EngineKind,
+    Method,
     SamplerKind,
-    format_method,
     is_model_id,
-    parse_method,
 )
 
 N_SLIDES = 10
@@ -221,7 +220,7 @@ def read_method(params: Params, updates: dict[str, Any], errors: list[str]) -> N
     if "method" not in params:
         return
     try:
-        updates["method"] = format_method(*parse_method(params["method"]))
+        updates["method"] = str(Method.parse(params["method"]))
     except ValueError as error:
         errors.append(str(error))
 

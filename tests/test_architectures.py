@@ -11,14 +11,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from backend.vocabulary import STATS, MethodName
+from backend.vocabulary import STATS, Method, MethodName
 from tests.tiny_models import BUDGET, FAMILIES, PAD_ID, tiny_model
 from workers.fisher.certificate import certify
-from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import analyze_sequence
-from workers.fisher.sampler import SamplerConfig, warped_distribution
+from workers.fisher.sampler import Sampler, warped_distribution
 from workers.fisher.stats import MomentSums
 
 CASES = [(family, tied) for family, spec in FAMILIES.items() for tied in spec.tied_options]
@@ -171,7 +170,7 @@ def test_response_sums_match_per_position_brute_force(family):
         model,
         prefix,
         continuation,
-        SamplerConfig(temperature=0.7, top_k=5),
+        Sampler(temperature=0.7, top_k=5),
         Method(),
         reward,
         memory_budget_bytes=BUDGET,
@@ -228,7 +227,7 @@ def test_a_sampled_response_is_the_draw_of_full_forward_passes(family):
 
     model = tiny_model(family)
     prefix = torch.tensor([2, 5, PAD_ID, 9])
-    sampler = SamplerConfig(temperature=0.8, top_k=12)
+    sampler = Sampler(temperature=0.8, top_k=12)
     drawn = sample_continuation(model, prefix, sampler, seed=3, max_tokens=6, stop_ids=set())
     generator, ids = torch.Generator().manual_seed(3), prefix.tolist()
     for _ in range(6):

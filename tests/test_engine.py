@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from backend.schemas import AnalysisJob, JobSampler
+from backend.schemas import AnalysisJob
 from backend.settings import Settings
 from backend.store import Store
-from backend.vocabulary import STATS
+from backend.vocabulary import STATS, EngineKind, Sampler, SamplerKind
 from workers.fisher.directions import first_chunk_directions
 from workers.jobs import analyze_job
 
@@ -45,9 +45,7 @@ def test_progress_is_monotone_and_complete(tiny_random):
 
 def test_summary_numbers_agree_with_the_arrays(tiny_random):
     reward = {str(_token(tiny_random, " tea")): 1.0, str(_token(tiny_random, " coffee")): -1.0}
-    analysis = run_analysis(
-        tiny_random, _job(tiny_random, sampler=JobSampler(temperature=0.7), reward=reward)
-    )
+    analysis = run_analysis(tiny_random, _job(tiny_random, sampler=Sampler(temperature=0.7), reward=reward))
     summary = analysis.summary
     for stat in ("fisher", "uncentered", "raw"):
         arrays = analysis.per_parameter(stat)
@@ -101,7 +99,7 @@ def test_summary_numbers_agree_with_the_arrays(tiny_random):
 
 def test_output_layer_rows_and_their_bound_follow_from_h_and_mu(tiny_random):
     """Part 2, section 1, recomputed from the model's own forward: rows h^2 mu (1 - mu), exact shares."""
-    job = _job(tiny_random, sampler=JobSampler(temperature=0.7))
+    job = _job(tiny_random, sampler=Sampler(temperature=0.7))
     output = run_analysis(tiny_random, job).summary["positions"][0]["output_layer"]
     with torch.no_grad():
         out = tiny_random.model(torch.tensor([job.input_ids]), output_hidden_states=True)
@@ -137,7 +135,12 @@ def test_pooled_views_add_up_to_tensor_totals(tiny_random):
 
 @pytest.mark.parametrize(
     "sampler",
-    [JobSampler(engine="bf16"), JobSampler(kind="uniform"), JobSampler(kind="data"), JobSampler(top_p=0.5)],
+    [
+        Sampler(engine=EngineKind.bf16),
+        Sampler(kind=SamplerKind.uniform),
+        Sampler(kind=SamplerKind.data),
+        Sampler(top_p=0.5),
+    ],
     ids=["bf16", "uniform", "data", "top_p"],
 )
 def test_every_sampler_along_a_response(tiny_random, sampler, tmp_path):
@@ -164,7 +167,7 @@ def test_every_sampler_along_a_response(tiny_random, sampler, tmp_path):
 
 
 def test_bf16_engine_shifts_the_mean(tiny_random):
-    analysis = run_analysis(tiny_random, _job(tiny_random, sampler=JobSampler(engine="bf16")))
+    analysis = run_analysis(tiny_random, _job(tiny_random, sampler=Sampler(engine=EngineKind.bf16)))
     position = analysis.summary["positions"][0]
     gaps = [abs(t["p"] - t["mu"]) for t in position["p"]["top"]]
     assert max(gaps) > 0  # bf16 logits differ from float32 ones
@@ -190,7 +193,7 @@ def test_truncated_and_monte_carlo_report_their_method(tiny_random):
 def test_partial_results_come_after_the_first_chunk_and_bound_the_exact_ones(tiny_random):
     """Directions run in descending eigenvalue order: the first partial is the truncated result."""
     partials: list[tuple[dict, float]] = []
-    job = _job(tiny_random, sampler=JobSampler(temperature=0.7))
+    job = _job(tiny_random, sampler=Sampler(temperature=0.7))
     final = analyze_job(tiny_random, job, Settings(), on_partial=lambda s, k: partials.append((s, k))).summary
     assert len(partials) == 1
     summary, kept = partials[0]
@@ -209,7 +212,7 @@ def test_partial_results_come_after_the_first_chunk_and_bound_the_exact_ones(tin
             assert got["fisher"] <= tensor["totals"]["fisher"] * (1 + 1e-6) + 1e-12
 
 
-@pytest.mark.parametrize("sampler", [JobSampler(), JobSampler(temperature=0.7)])
+@pytest.mark.parametrize("sampler", [Sampler(), Sampler(temperature=0.7)])
 def test_a_light_summary_has_the_full_summarys_totals(tiny_random, sampler):
     """A partial result's totals are the final ones' definition: the same numbers from the same sums
     (on- and off-policy, where the uncentered and raw Fisher have their own terms)."""
@@ -236,7 +239,7 @@ def test_a_light_summary_has_the_full_summarys_totals(tiny_random, sampler):
 
 def test_a_response_has_no_partial_results_and_a_one_hot_mu_stores_no_fisher(tiny_random):
     partials: list = []
-    job = _job(tiny_random, continuation=" tea", sampler=JobSampler(kind="data"))
+    job = _job(tiny_random, continuation=" tea", sampler=Sampler(kind=SamplerKind.data))
     analysis = analyze_job(tiny_random, job, Settings(), on_partial=lambda s, k: partials.append(k))
     assert partials == []
     assert "fisher" not in analysis.sequence.sums.sums and "bound" not in analysis.sequence.sums.sums
@@ -248,13 +251,12 @@ def test_a_response_has_no_partial_results_and_a_one_hot_mu_stores_no_fisher(tin
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_precision_model_is_summarized_by_the_compiled_loops(dtype):
     """numpy has no bfloat16: the loops read half-precision sums widened to float32 (exactly)."""
+    from backend.vocabulary import Method, Sampler
     from tests.tiny_models import BUDGET, tiny_llama
     from workers.engine import CURVE_STATS
-    from workers.fisher.methods import Method
     from workers.fisher.model_summary import model_summary
     from workers.fisher.position import HeadLayout
     from workers.fisher.response import analyze_sequence
-    from workers.fisher.sampler import SamplerConfig
     from workers.fisher.terms import StatTerms
 
     model = tiny_llama(dtype=dtype)
@@ -263,7 +265,7 @@ def test_a_half_precision_model_is_summarized_by_the_compiled_loops(dtype):
         model,
         torch.tensor([3, 5, 7, 2]),
         empty,
-        SamplerConfig(temperature=0.8),
+        Sampler(temperature=0.8),
         Method(),
         None,
         memory_budget_bytes=BUDGET,
@@ -291,7 +293,7 @@ def test_the_summary_in_threads_is_the_summary_in_one_thread(tiny_random):
     reward = {str(_token(tiny_random, " tea")): 1.0}
     analysis = run_analysis(
         tiny_random,
-        _job(tiny_random, continuation=" coffee and", sampler=JobSampler(temperature=0.7), reward=reward),
+        _job(tiny_random, continuation=" coffee and", sampler=Sampler(temperature=0.7), reward=reward),
     )
     layout = HeadLayout.of(tiny_random.model)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.vocabulary import STATS, MethodName, SamplerKind
+from backend.vocabulary import STATS, Method, MethodName, SamplerKind
 from tests.tiny_models import BUDGET, tiny_llama, tiny_qwen2
 from workers.fisher.block_squares import (
     GHOST_ROWWISE_MAX_ROWS,
@@ -17,12 +17,11 @@ from workers.fisher.block_squares import (
     pair_moments_by_products,
     pair_moments_by_rows,
 )
-from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import analyze_sequence, log_likelihood_gradient
 from workers.fisher.sampler import (
-    SamplerConfig,
+    Sampler,
     one_hot_distribution,
     uniform_distribution,
     warped_distribution,
@@ -142,7 +141,7 @@ def test_ghost_and_direct_squares_agree_with_the_definition(rows):
 def test_response_sums_match_per_position_brute_force(model):
     prefix, continuation = torch.tensor([3, 5, 3]), torch.tensor([8, 3, 1])
     reward = _reward(model.config.vocab_size)
-    config = SamplerConfig(temperature=0.7, top_k=5)
+    config = Sampler(temperature=0.7, top_k=5)
     result = analyze_sequence(
         model, prefix, continuation, config, Method(), reward, memory_budget_bytes=BUDGET
     )
@@ -164,7 +163,7 @@ def test_response_sums_match_per_position_brute_force(model):
 
 def test_sft_gradient_is_the_accumulated_mean_shift(model):
     prefix, continuation = torch.tensor([3, 5]), torch.tensor([8, 3, 1, 9])
-    config = SamplerConfig(kind=SamplerKind.data)
+    config = Sampler(kind=SamplerKind.data)
     result = analyze_sequence(model, prefix, continuation, config, Method(), memory_budget_bytes=BUDGET)
     gradient = log_likelihood_gradient(model, prefix, continuation)
     for name, grad in gradient.items():

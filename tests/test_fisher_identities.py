@@ -10,17 +10,16 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from backend.vocabulary import parse_method
+from backend.vocabulary import Method, MethodName
 from tests.tiny_models import BUDGET, tiny_llama
 from workers.fisher import covariance
 from workers.fisher.covariance import output_covariance
 from workers.fisher.cpu_kernels import levels as cpu_levels
 from workers.fisher.cpu_kernels import threads as cpu_threads
 from workers.fisher.logit_map import LogitJacobian
-from workers.fisher.methods import Method
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities
-from workers.fisher.sampler import SamplerConfig, warped_distribution
+from workers.fisher.sampler import Sampler, warped_distribution
 from workers.fisher.stats import MomentSums
 
 IDS = torch.tensor([3, 5, 8, 3, 11])
@@ -135,16 +134,16 @@ def test_sampler_matches_transformers_warpers(temperature, top_k, top_p):
 
 def test_sampler_config_rejects_bad_values():
     with pytest.raises(ValueError, match="temperature"):
-        SamplerConfig(temperature=0)
+        Sampler(temperature=0)
     with pytest.raises(ValueError, match="top_k"):
-        SamplerConfig(top_k=0)
+        Sampler(top_k=0)
     with pytest.raises(ValueError, match="top_p"):
-        SamplerConfig(top_p=1.5)
+        Sampler(top_p=1.5)
     with pytest.raises(ValueError, match="method"):
-        parse_method("newton")
+        Method.parse("newton")
     with pytest.raises(ValueError, match="method"):
-        parse_method("truncated:1.5")
-    assert parse_method("mc:64") == ("mc", None, 64)
+        Method.parse("truncated:1.5")
+    assert Method.parse("mc:64") == Method(MethodName.mc, samples=64)
 
 
 def test_top_q_levels_hold_exactly_ceil_q_p_coordinates_ties_by_index():

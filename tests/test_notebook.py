@@ -8,9 +8,8 @@ import math
 import pytest
 import torch
 
-from backend.schemas import JobSampler
 from backend.settings import Settings
-from backend.vocabulary import STATS
+from backend.vocabulary import STATS, Sampler
 from tests.test_engine import _job as engine_job
 from tests.test_engine import _token as token_id
 from tests.tiny_models import tiny_model
@@ -66,7 +65,7 @@ def test_text_input_gives_the_services_numbers(tiny_random):
     finally:
         tiny_random.model.eval()
     tea = str(token_id(tiny_random, " tea"))
-    job = engine_job(tiny_random, sampler=JobSampler(temperature=0.7), reward={tea: 1.0})
+    job = engine_job(tiny_random, sampler=Sampler(temperature=0.7), reward={tea: 1.0})
     ids = job.input_ids
     service = analyze_job(tiny_random, job, Settings()).summary
     assert [t["id"] for t in result.summary["tokens"]["prefix"]] == ids

@@ -19,28 +19,26 @@ import redis
 import torch
 
 from backend.local_store import LocalStore
-from backend.schemas import AnalysisJob, JobSampler
+from backend.schemas import AnalysisJob
 from backend.store import RedisStore
-from backend.vocabulary import SamplerKind
+from backend.vocabulary import Method, Sampler, SamplerKind
 from tests.service_settings import folder_settings
 from tests.tiny_models import BUDGET, tiny_model
 from workers import jobs
-from workers.fisher.methods import Method
 from workers.fisher.pooling import pooled_view
 from workers.fisher.response import analyze_sequence
 from workers.fisher.reward_pass import FisherRoots, policy_gradient_pass
-from workers.fisher.sampler import SamplerConfig
 
 PREFIX = torch.tensor([3, 5, 8, 7, 11])
 RESPONSE = torch.tensor([9, 4, 2])
 REWARD_IDS = {4: 1.0, 9: -0.5, 2: 0.25}
 REDIS_URL = "redis://127.0.0.1:6379/13"
 CASES = [
-    ("llama", True, "prefix", SamplerConfig()),
-    ("llama", True, "response", SamplerConfig(temperature=0.7, top_k=5)),
-    ("qwen2", False, "response", SamplerConfig()),
-    ("gemma2", True, "prefix", SamplerConfig(temperature=0.7, top_k=5)),  # a softcapped head
-    ("llama", False, "response", SamplerConfig(kind=SamplerKind.data)),  # one-hot mu: no Fisher
+    ("llama", True, "prefix", Sampler()),
+    ("llama", True, "response", Sampler(temperature=0.7, top_k=5)),
+    ("qwen2", False, "response", Sampler()),
+    ("gemma2", True, "prefix", Sampler(temperature=0.7, top_k=5)),  # a softcapped head
+    ("llama", False, "response", Sampler(kind=SamplerKind.data)),  # one-hot mu: no Fisher
 ]
 
 
@@ -156,10 +154,10 @@ class _Pool:
 @pytest.mark.parametrize(
     ("continuation", "sampler", "first", "second"),
     [
-        ("", JobSampler(temperature=0.7, top_k=5), {" tea": 1.0}, {" tea": 1.0, " coffee": 0.5}),
-        (" tea with her", JobSampler(temperature=0.7, top_k=50), {" tea": 1.0}, {" coffee": -1.0}),
-        ("", JobSampler(), {" tea": 1.0}, {}),  # the reward taken away
-        (" tea with her", JobSampler(), {}, {" tea": 2.0}),  # a reward on an analysis that had none
+        ("", Sampler(temperature=0.7, top_k=5), {" tea": 1.0}, {" tea": 1.0, " coffee": 0.5}),
+        (" tea with her", Sampler(temperature=0.7, top_k=50), {" tea": 1.0}, {" coffee": -1.0}),
+        ("", Sampler(), {" tea": 1.0}, {}),  # the reward taken away
+        (" tea with her", Sampler(), {}, {" tea": 2.0}),  # a reward on an analysis that had none
     ],
 )
 def test_a_new_reward_is_answered_from_the_kept_fisher_as_a_whole_analysis_would(
@@ -207,7 +205,7 @@ def test_over_real_redis_the_new_reward_reads_the_kept_analysis_from_redis(tiny_
     store = RedisStore(connection, 600, prefix=prefix)
     pool = _Pool(tiny_random)
     settings = folder_settings(tmp_path / "redis", redis_url=REDIS_URL)
-    sampler = JobSampler(temperature=0.7, top_k=5)
+    sampler = Sampler(temperature=0.7, top_k=5)
     try:
         _run(_job(tiny_random, {_token(tiny_random, " tea"): 1.0}, sampler=sampler), store, settings, pool)
         job = _job(tiny_random, {_token(tiny_random, " coffee"): 1.0}, sampler=sampler)

@@ -19,10 +19,10 @@ from backend.cost import (
     probe_directions,
 )
 from backend.normalize import RequestError, check_model_id, normalize
-from backend.schemas import AnalysisCreate, AnalysisJob, JobSampler, SamplerSpec, SampleSpec
+from backend.schemas import AnalysisCreate, AnalysisJob, SamplerSpec, SampleSpec
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
-from backend.vocabulary import STATS, parse_method
+from backend.vocabulary import STATS, Method, MethodName, Sampler
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,8 @@ def test_stats_are_the_contract_order() -> None:
     ],
 )
 def test_parse_method_accepts_the_three_forms(text: str, parsed: tuple) -> None:
-    assert parse_method(text) == parsed
+    name, fraction, samples = parsed
+    assert Method.parse(text) == Method(MethodName(name), fraction, samples)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +76,7 @@ def test_parse_method_accepts_the_three_forms(text: str, parsed: tuple) -> None:
 )
 def test_parse_method_refuses_with_the_accepted_forms(text: str) -> None:
     with pytest.raises(ValueError, match="method must be 'exact'"):
-        parse_method(text)
+        Method.parse(text)
 
 
 def test_key_is_sha256_of_sorted_compact_json() -> None:
@@ -94,7 +95,7 @@ def test_key_is_sha256_of_sorted_compact_json() -> None:
         {"weights_digest": "sha256:1"},
         {"input_ids": [1, 3]},
         {"continuation_ids": [4]},
-        {"sampler": JobSampler(temperature=0.5)},
+        {"sampler": Sampler(temperature=0.5)},
         {"reward": {"7": 2.0}},
         {"method": "mc:8"},
         {"engine_version": "0"},
@@ -114,7 +115,7 @@ def test_normalize_tokenizes_and_sorts_reward_ids(tiny) -> None:
     tea = codec.single_token_id(" tea")
     assert list(job.reward) == sorted([str(tea), "5"], key=int)
     assert job.reward[str(tea)] == 1.0 and job.reward["5"] == -1.0
-    assert job.method == "truncated:0.5"
+    assert str(job.method) == "truncated:0.5"
 
 
 def test_equivalent_requests_share_a_key(tiny) -> None:
@@ -188,13 +189,13 @@ def test_cost_scales_with_sampler_and_method() -> None:
     info = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": False})()
     base = AnalysisJob(model="m", weights_digest="d", input_ids=[1, 2, 3])
     exact = estimate_cost(info, base, RATE)
-    off = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(temperature=0.7)}), RATE)
+    off = estimate_cost(info, base.model_copy(update={"sampler": Sampler(temperature=0.7)}), RATE)
     assert off.directions == 2 * exact.directions
-    top_k = estimate_cost(info, base.model_copy(update={"sampler": JobSampler(top_k=5)}), RATE)
+    top_k = estimate_cost(info, base.model_copy(update={"sampler": Sampler(top_k=5)}), RATE)
     assert top_k.directions == 4 + 64
-    truncated = estimate_cost(info, base.model_copy(update={"method": "truncated:0.25"}), RATE)
+    truncated = estimate_cost(info, base.model_copy(update={"method": Method.parse("truncated:0.25")}), RATE)
     assert truncated.directions == 16 and truncated.upper_bound
-    assert estimate_cost(info, base.model_copy(update={"method": "mc:8"}), RATE).directions == 8
+    assert estimate_cost(info, base.model_copy(update={"method": Method.parse("mc:8")}), RATE).directions == 8
     response = base.model_copy(update={"continuation_ids": [7, 8, 9]})
     assert context_lengths(response) == [3, 4, 5]
     assert estimate_cost(info, response, RATE).flops == pytest.approx(exact.flops * 12 / 3)
@@ -210,13 +211,13 @@ def test_cost_counts_the_tied_tables_probes() -> None:
     assert estimate_flops(tied, exact) == estimate_flops(untied, exact)
     # top-k caps C_mu's rank below d_model: its directions are no complete basis, mu's probes run (p's
     # Fisher, off the policy, has full support and sums its own)
-    capped = exact.model_copy(update={"sampler": JobSampler(top_k=5)})
+    capped = exact.model_copy(update={"sampler": Sampler(top_k=5)})
     assert probe_directions(tied, capped) == [2, 2]
-    job = exact.model_copy(update={"method": "mc:16"})
-    assert probe_directions(tied, job.model_copy(update={"method": "truncated:0.5"})) == [2, 2]
+    job = exact.model_copy(update={"method": Method.parse("mc:16")})
+    assert probe_directions(tied, job.model_copy(update={"method": Method.parse("truncated:0.5")})) == [2, 2]
     assert probe_directions(untied, job) == [0, 0]
     assert probe_directions(tied, job) == [2, 2]  # {5, 6}, then {5, 6} again: 6 was read before
-    off = job.model_copy(update={"sampler": JobSampler(temperature=0.7)})
+    off = job.model_copy(update={"sampler": Sampler(temperature=0.7)})
     assert probe_directions(tied, off) == [4, 4]  # and as many for the Fisher under p
     sampled = job.model_copy(
         update={"continuation_ids": [], "continuation_sample": SampleSpec(max_tokens=3, seed=1)}

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.schemas import AnalysisJob, JobSampler
+from backend.schemas import AnalysisJob
 from backend.settings import Settings
+from backend.vocabulary import Sampler
 from workers.fisher.position import HeadLayout
 from workers.fisher.sampler import warped_distribution
 from workers.jobs import analyze_job
@@ -63,7 +64,7 @@ def test_coffee_and_tea_rows_are_coin_flips(smollm2, on_policy):
 
 def test_top_k_fisher_matches_k_backward_passes(smollm2):
     k = 6
-    analysis = run_analysis(smollm2, _job(smollm2, sampler=JobSampler(top_k=k)))
+    analysis = run_analysis(smollm2, _job(smollm2, sampler=Sampler(top_k=k)))
     model = smollm2.model
     ids = torch.tensor(_job(smollm2).input_ids)
     names = [n for n, _ in model.named_parameters()]

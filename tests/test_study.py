@@ -17,7 +17,7 @@ from backend.rewards import RewardKind, RewardRule
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.tiny_models import BUDGET, tiny_model
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
-from workers.fisher.sampler import SamplerConfig, uniform_distribution, warped_distribution
+from workers.fisher.sampler import Sampler, uniform_distribution, warped_distribution
 from workers.fisher.study import StudyStat, StudySums, relative_l2_error
 from workers.studies.files import read_masks, read_part, write_masks, write_part
 from workers.studies.masks import compare_levels, level_map
@@ -124,8 +124,8 @@ def _top_k(logits):
 
 
 SAMPLERS = {
-    "on_policy": (SamplerConfig(), _on_policy),
-    "top_k": (SamplerConfig(temperature=0.8, top_k=5), _top_k),
+    "on_policy": (Sampler(), _on_policy),
+    "top_k": (Sampler(temperature=0.8, top_k=5), _top_k),
 }
 PROMPTS = [EncodedPrompt(0, 1, [2, 5, 8], "odd", [7, 4]), EncodedPrompt(1, 2, [2, 9], "odd", None)]
 PARITY = RewardRule(RewardKind.regex, "[13579]$")  # 1 when the last token id is odd
@@ -181,7 +181,7 @@ def test_study_sums_equal_the_brute_force_sum_over_sampled_positions(family, tie
 
 
 def _cheap_spec(seed: int) -> StudySpec:
-    return StudySpec(SamplerConfig(top_k=3), samples=2, max_tokens=2, seed=seed, compare_at=CompareAt.none)
+    return StudySpec(Sampler(top_k=3), samples=2, max_tokens=2, seed=seed, compare_at=CompareAt.none)
 
 
 def test_same_seed_same_responses_whatever_the_split(tmp_path):
@@ -240,7 +240,7 @@ def _flat_members(masks: dict[str, torch.Tensor], names) -> set[int]:
 
 def _write_hand_made_masks(path: Path, values: dict[str, torch.Tensor]) -> None:
     part = _hand_made_part(values)
-    spec = StudySpec(SamplerConfig(), fractions=FRACTIONS, compare_at=CompareAt.none)
+    spec = StudySpec(Sampler(), fractions=FRACTIONS, compare_at=CompareAt.none)
     finished = finish_study(part, spec, {"id": "hand-made", "digest": "sha256:0"})
     write_masks(path, finished, part, spec)
 
@@ -338,9 +338,7 @@ def test_monte_carlo_fisher_converges_to_the_exact_fisher():
     model = tiny_model("llama", tied=True)
     errors = []
     for samples in (16, 128):
-        spec = StudySpec(
-            SamplerConfig(), samples=samples, max_tokens=1, seed=samples, compare_at=CompareAt.none
-        )
+        spec = StudySpec(Sampler(), samples=samples, max_tokens=1, seed=samples, compare_at=CompareAt.none)
         part = run_study_part(
             StudyModel(model, _decode, {EOS}), spec, PROMPTS[:1], memory_budget_bytes=BUDGET
         )

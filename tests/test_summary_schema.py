@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from backend.schemas import JobSampler
 from backend.settings import Settings
 from backend.summary import AnalysisSummary, checked_summary
+from backend.vocabulary import Sampler
 from tests.test_engine import _job as engine_job
 from tests.test_engine import _token as token_id
 from workers.jobs import analyze_job
@@ -28,7 +28,7 @@ def test_every_fixture_summary_has_the_contracts_shape(path: Path):
 
 def test_partial_results_and_the_final_one_validate(tiny_random):
     tea = str(token_id(tiny_random, " tea"))
-    job = engine_job(tiny_random, sampler=JobSampler(temperature=0.7), reward={tea: 1.0})
+    job = engine_job(tiny_random, sampler=Sampler(temperature=0.7), reward={tea: 1.0})
     partials: list[dict] = []
     settings = Settings(engine_memory_bytes=1 << 16)  # small chunks: several partial results
     analysis = analyze_job(

@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.vocabulary import STATS
+from backend.vocabulary import STATS, Sampler
 from tests.test_fixtures import assert_same_summary
 from workers.engine import AnalysisRequest, run_analysis
 from workers.fisher import cpu_kernels
-from workers.fisher.sampler import SamplerConfig
 
 BUDGET = 1 << 30
 PREFIX = "She drank a cup of"
@@ -60,7 +59,7 @@ def test_the_torch_path_gives_what_the_compiled_loops_give(tiny_random, case, mo
     request = {
         "on-policy prefix": AnalysisRequest(input_ids=ids),
         "tempered prefix with a reward": AnalysisRequest(
-            input_ids=ids, sampler=SamplerConfig(temperature=0.7), reward={ids[0]: 1.0, ids[1]: -0.5}
+            input_ids=ids, sampler=Sampler(temperature=0.7), reward={ids[0]: 1.0, ids[1]: -0.5}
         ),
         "response": AnalysisRequest(input_ids=ids[:3], continuation_ids=ids[3:]),
     }[case]

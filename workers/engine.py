@@ -19,9 +19,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from backend.vocabulary import STATS, EngineKind, SamplerKind
+from backend.vocabulary import STATS, EngineKind, Method, Sampler, SamplerKind
 from workers.fisher.concentration import NAMED_FRACTIONS
-from workers.fisher.methods import Method
 from workers.fisher.model_summary import model_summary
 from workers.fisher.pooling import pooled_bytes, pooled_view, zero_view
 from workers.fisher.position import HeadLayout
@@ -30,7 +29,6 @@ from workers.fisher.response import SequenceAnalysis, analyze_sequence
 from workers.fisher.response_summary import response_summary
 from workers.fisher.reward_pass import FisherRoots, policy_gradient_pass
 from workers.fisher.reward_summary import RewardParts, reward_entries, reward_vector, summary_with_reward
-from workers.fisher.sampler import SamplerConfig
 from workers.fisher.stats import each_tensor
 from workers.fisher.top_sets import levels_at
 from workers.models.loading import LoadedModel
@@ -49,7 +47,7 @@ class AnalysisRequest:
 
     input_ids: list[int]
     continuation_ids: list[int] = field(default_factory=list)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    sampler: Sampler = field(default_factory=Sampler)
     method: Method = field(default_factory=Method)
     reward: dict[int, float] = field(default_factory=dict)  # token id -> reward; others 0
 
@@ -214,7 +212,7 @@ def run_analysis(
     return Analysis(request, sequence, summary, roots)
 
 
-def _engine_model(loaded: LoadedModel, sampler: SamplerConfig) -> torch.nn.Module | None:
+def _engine_model(loaded: LoadedModel, sampler: Sampler) -> torch.nn.Module | None:
     """The model the sampler draws from when it is not the analysed one (the bf16 engine)."""
     if sampler.engine == EngineKind.bf16 and sampler.kind == SamplerKind.model:
         return loaded.bf16()

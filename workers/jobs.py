@@ -30,9 +30,7 @@ from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressC
 from workers.exports import Float16Overflow, write_export
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.masks import top_q_levels
-from workers.fisher.methods import Method
 from workers.fisher.pooling import pooled_grid
-from workers.fisher.sampler import SamplerConfig
 from workers.fisher.sampling import sample_continuation, stop_ids
 from workers.models.loading import LoadedModel, ModelPool
 from workers.reward_reuse import (
@@ -62,14 +60,11 @@ def model_pool() -> ModelPool:
 
 def request_from_job(job: AnalysisJob) -> AnalysisRequest:
     """The engine's request for a normalized job; Monte Carlo draws are seeded by the job's key."""
-    s = job.sampler
     return AnalysisRequest(
         input_ids=list(job.input_ids),
         continuation_ids=list(job.continuation_ids),
-        sampler=SamplerConfig(
-            s.kind, float(s.temperature), s.top_k, float(s.top_p), s.engine, s.data_token_id
-        ),
-        method=Method.parse(job.method, seed=int(job.key()[:8], 16)),
+        sampler=job.sampler,
+        method=job.method.with_seed(int(job.key()[:8], 16)),
         reward={int(token): float(value) for token, value in job.reward.items()},
     )
 

@@ -30,10 +30,8 @@ from transformers import PreTrainedModel
 from backend.rewards import RewardKind, RewardRule
 from backend.settings import get_settings
 from backend.tokens import TokenCodec
-from backend.vocabulary import EngineKind, SamplerKind
+from backend.vocabulary import EngineKind, Method, Sampler, SamplerKind
 from workers.engine import Analysis, AnalysisRequest, run_analysis
-from workers.fisher.methods import Method
-from workers.fisher.sampler import SamplerConfig
 from workers.models.loading import LoadedModel, ensure_certificate, info_from_model, state_dict_digest
 from workers.studies.files import averaged_arrays
 from workers.studies.masks import mask_tensors
@@ -69,7 +67,7 @@ def analyze(
     sampler: str = "model",
     engine: str = "model",
     data_token: str | int | None = None,
-    method: str = "exact",
+    method: str | Method = "exact",
     reward: Mapping[str | int, float] | None = None,
     seed: int = 0,
 ) -> Analysis:
@@ -119,7 +117,7 @@ def study(
     top_p: float = 1.0,
     sampler: str = "model",
     engine: str = "model",
-    method: str = "exact",
+    method: str | Method = "exact",
     reward_exact: bool = False,
     reward_regex: str | None = None,
     q: Sequence[float] = DEFAULT_FRACTIONS,
@@ -135,7 +133,7 @@ def study(
         samples=samples,
         max_tokens=max_tokens,
         seed=seed,
-        method=method,
+        method=Method.parse(method),
         reward=rule,
         fractions=tuple(q),
     )
@@ -188,9 +186,9 @@ def _evaluating(model: PreTrainedModel | LoadedModel) -> Iterator[None]:
 
 def _sampler(
     kind: str, temperature: float, top_k: int | None, top_p: float, engine: str, data_id: int | None = None
-) -> SamplerConfig:
+) -> Sampler:
     """The sampler mu of the keyword arguments (a bad value raises ValueError naming it)."""
-    return SamplerConfig(
+    return Sampler(
         SamplerKind(kind),
         float(temperature),
         None if top_k is None else int(top_k),

@@ -64,7 +64,6 @@ def landing_request(model_id: str) -> AnalysisCreate:
         continuation=LANDING_CONTINUATION,
         sampler=SamplerSpec(temperature=LANDING_TEMPERATURE, top_k=LANDING_TOP_K),
         reward=dict(LANDING_REWARD),
-        method="exact",
     )
 
 

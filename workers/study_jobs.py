@@ -21,7 +21,6 @@ from backend.store import Store
 from backend.studies import STUDY_KIND, masks_path, part_id
 from backend.study_schemas import StudyJob
 from workers import jobs
-from workers.fisher.sampler import SamplerConfig
 from workers.jobs import ModelPool, _reason, _redis_store, leased
 from workers.models.loading import LoadedModel
 from workers.studies.prompts import EncodedPrompt
@@ -32,9 +31,8 @@ STUDY_RUNS = "study_parts_run"
 
 
 def study_spec(job: StudyJob) -> StudySpec:
-    s = job.sampler
     return StudySpec(
-        sampler=SamplerConfig(s.kind, float(s.temperature), s.top_k, float(s.top_p), s.engine, None),
+        sampler=job.sampler,
         samples=job.samples,
         max_tokens=job.max_tokens,
         seed=job.seed,

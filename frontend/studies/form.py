@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from backend.rewards import TARGET_SLOT
-from backend.vocabulary import EngineKind, SamplerKind, parse_method
+from backend.vocabulary import EngineKind, Method, SamplerKind
 
 STUDY_ID = re.compile(r"[0-9a-f]{64}")
 MAX_TENSOR_NAME = 300
@@ -218,7 +218,7 @@ def request_body(values: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list
         numbers[field.id] = value
     method = (values.get("method") or "exact").strip()
     try:
-        parse_method(method)
+        Method.parse(method)
     except ValueError as error:
         errors.append(str(error))
     reward, reward_errors = reward_spec(values, prompts)

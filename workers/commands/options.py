@@ -7,7 +7,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from backend.vocabulary import parse_method
+from backend.vocabulary import Method
 from workers.commands.common import UsageError
 from workers.studies.prompts import unicode_problem
 
@@ -80,10 +80,18 @@ def device(value: str) -> str:
     return value
 
 
-def check_monte_carlo(method: str, d_model: int) -> None:
+def method(value: str) -> Method:
+    """A method, parsed where it enters (argparse), so a bad one is one line naming --method."""
+    try:
+        return Method.parse(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def check_monte_carlo(method: Method, d_model: int) -> None:
     """``mc:S`` with more samples than ``d_model``, the most directions the exact method ever takes,
     costs more than exact and only estimates it (and S past an int64 overflows torch)."""
-    samples = parse_method(method)[2]
+    samples = method.samples
     if samples is not None and samples > d_model:
         raise UsageError(
             f"--method {method}: more samples than the exact method's at most {d_model} directions "
@@ -113,7 +121,9 @@ def add_sampler_options(parser: argparse.ArgumentParser, kinds: tuple[str, ...])
         default="model",
         help="mu: " + ", ".join(meanings[kind] for kind in kinds),
     )
-    parser.add_argument("--method", default="exact", help="exact | truncated:F (0<F<=1) | mc:S (S>=2)")
+    parser.add_argument(
+        "--method", type=method, default=Method(), help="exact | truncated:F (0<F<=1) | mc:S (S>=2)"
+    )
 
 
 def add_budget_option(parser: argparse.ArgumentParser, default: str) -> None:

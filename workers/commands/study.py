@@ -98,8 +98,7 @@ def add_study_parser(commands) -> None:
 def study_spec(args: argparse.Namespace):
     """The StudySpec of the arguments (bad values become UsageError naming the option)."""
     from backend.rewards import RewardKind
-    from backend.vocabulary import EngineKind, SamplerKind
-    from workers.fisher.sampler import SamplerConfig
+    from backend.vocabulary import EngineKind, Sampler, SamplerKind
     from workers.studies.spec import CompareAt, StudySpec
 
     try:
@@ -117,7 +116,7 @@ def study_spec(args: argparse.Namespace):
     except ValueError as error:
         raise UsageError(f"--reward-regex: {error}") from None
     try:
-        sampler = SamplerConfig(
+        sampler = Sampler(
             kind=SamplerKind(args.sampler),
             temperature=args.temperature,
             top_k=args.top_k,

@@ -12,32 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.vocabulary import MethodName, parse_method
+from backend.vocabulary import Method, MethodName
 from workers.fisher.covariance import OutputCovariance
 from workers.fisher.logit_map import LogitJacobian
-
-
-@dataclass(frozen=True)
-class Method:
-    """How second moments are formed; ``Method.parse`` reads the text form (``exact`` | ``truncated:F``
-    | ``mc:S``) with the one parser every side uses (``backend.vocabulary.parse_method``)."""
-
-    name: MethodName = MethodName.exact
-    fraction: float | None = None  # truncated: share of trace to keep
-    samples: int | None = None  # mc: tokens drawn
-    seed: int = 0
-
-    @classmethod
-    def parse(cls, text: str, seed: int = 0) -> Method:
-        name, fraction, samples = parse_method(text)
-        return cls(name, fraction=fraction, samples=samples, seed=seed)
-
-    def __str__(self) -> str:
-        if self.name == MethodName.truncated:
-            return f"truncated:{self.fraction:g}"
-        if self.name == MethodName.mc:
-            return f"mc:{self.samples}"
-        return "exact"
 
 
 @dataclass

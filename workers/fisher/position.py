@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from backend.vocabulary import Method
 from workers.fisher.capture import (
     CapturedForward,
     UnsupportedArchitecture,
@@ -32,7 +33,7 @@ from workers.fisher.directions import (
     backprop_directions,
 )
 from workers.fisher.logit_map import LogitJacobian, logit_jacobian
-from workers.fisher.methods import Method, SecondMomentPlan, second_moment_plan
+from workers.fisher.methods import SecondMomentPlan, second_moment_plan
 
 Params = dict[str, torch.Tensor]
 PartialCallback = Callable[[Callable[[], "PositionMoments"], float], None]

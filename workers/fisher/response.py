@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from backend.vocabulary import Method
 from workers.fisher.capture import CapturedForward, capture_forward
-from workers.fisher.methods import Method
 from workers.fisher.position import HeadLayout, PositionInputs, PositionMoments, position_moments
-from workers.fisher.sampler import SamplerConfig, model_distribution, sampler_distribution
+from workers.fisher.sampler import Sampler, model_distribution, sampler_distribution
 from workers.fisher.stats import MomentSums, square_total
 
 Progress = Callable[[str, float], None]
@@ -96,7 +96,7 @@ class SequenceForward:
     continuation_ids: torch.Tensor
     first: int  # index in ``full`` of the first analysed hidden state
     positions: int
-    sampler: SamplerConfig
+    sampler: Sampler
     logits: torch.Tensor  # [t, V] float64
     engine_logits: torch.Tensor | None
     captured: CapturedForward | None  # a single position's, handed over by ``capture``
@@ -107,7 +107,7 @@ class SequenceForward:
         model: nn.Module,
         prefix_ids: torch.Tensor,
         continuation_ids: torch.Tensor,
-        sampler: SamplerConfig,
+        sampler: Sampler,
         engine_model: nn.Module | None = None,
     ) -> SequenceForward:
         full = torch.cat([prefix_ids, continuation_ids])
@@ -149,7 +149,7 @@ def analyze_sequence(
     model: nn.Module,
     prefix_ids: torch.Tensor,
     continuation_ids: torch.Tensor,
-    sampler: SamplerConfig,
+    sampler: Sampler,
     method: Method,
     reward: torch.Tensor | None = None,
     engine_model: nn.Module | None = None,

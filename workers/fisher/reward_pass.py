@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from backend.vocabulary import Sampler
 from workers.fisher.capture import CapturedForward
 from workers.fisher.directions import LinearGroup, backprop_directions
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.pooling import pooled_view
 from workers.fisher.position import HeadLayout, HeadTerms, PositionMoments, head_rows
 from workers.fisher.response import SequenceForward
-from workers.fisher.sampler import SamplerConfig
 from workers.fisher.stats import square_total
 
 Params = dict[str, torch.Tensor]
@@ -87,7 +87,7 @@ def policy_gradient_pass(
     model: nn.Module,
     prefix_ids: torch.Tensor,
     continuation_ids: torch.Tensor,
-    sampler: SamplerConfig,
+    sampler: Sampler,
     reward: torch.Tensor,
     engine_model: nn.Module | None = None,
     *,

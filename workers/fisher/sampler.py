@@ -6,33 +6,9 @@ HF's order is temperature -> top-k -> top-p, then renormalize. The engine works 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from backend.vocabulary import EngineKind, SamplerKind, is_on_policy
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    kind: SamplerKind = SamplerKind.model
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    engine: EngineKind = EngineKind.model
-    data_token_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def is_on_policy(self) -> bool:
-        return is_on_policy(self.kind, self.temperature, self.top_k, self.top_p, self.engine)
+from backend.vocabulary import EngineKind, Sampler, SamplerKind
 
 
 def model_distribution(logits: torch.Tensor) -> torch.Tensor:
@@ -75,7 +51,7 @@ def uniform_distribution(vocab_size: int, device: torch.device | str = "cpu") ->
 
 
 def sampler_distribution(
-    config: SamplerConfig,
+    config: Sampler,
     logits: torch.Tensor,
     engine_logits: torch.Tensor | None = None,
     target_id: int | None = None,

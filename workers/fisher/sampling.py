@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from backend.vocabulary import SamplerKind
-from workers.fisher.sampler import SamplerConfig, sampler_distribution
+from workers.fisher.sampler import Sampler, sampler_distribution
 
 
 @torch.no_grad()
@@ -24,7 +24,7 @@ def _next_logits(model: nn.Module, ids: torch.Tensor, past) -> tuple[torch.Tenso
 def sample_continuation(
     model: nn.Module,
     prefix_ids: torch.Tensor,
-    sampler: SamplerConfig,
+    sampler: Sampler,
     seed: int,
     max_tokens: int,
     stop_ids: set[int],

@@ -27,6 +27,7 @@ from enum import StrEnum
 import torch
 from torch import nn
 
+from backend.vocabulary import Method
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.covariance import output_covariance
 from workers.fisher.directions import (
@@ -37,11 +38,11 @@ from workers.fisher.directions import (
     backprop_directions,
 )
 from workers.fisher.logit_map import logit_jacobian
-from workers.fisher.methods import Method, SecondMomentPlan, second_moment_plan
+from workers.fisher.methods import SecondMomentPlan, second_moment_plan
 from workers.fisher.position import HeadLayout, HeadTerms, head_rows, looked_up_rows
 from workers.fisher.response import next_token_logits
 from workers.fisher.sampler import (
-    SamplerConfig,
+    Sampler,
     model_distribution,
     sampler_distribution,
     uniform_distribution,
@@ -178,7 +179,7 @@ def context_moments(
     model: nn.Module,
     layout: HeadLayout,
     context_ids: torch.Tensor,
-    sampler: SamplerConfig,
+    sampler: Sampler,
     method: Method,
     engine_model: nn.Module | None = None,
     references: Sequence[str] = (),
@@ -231,7 +232,7 @@ def context_moments(
 def _next_token_distributions(
     capture: CapturedForward,
     context_ids: torch.Tensor,
-    sampler: SamplerConfig,
+    sampler: Sampler,
     engine_model: nn.Module | None,
     references: Sequence[str],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -290,7 +291,7 @@ def add_prompt_fisher(
     model: nn.Module,
     prompt_ids: torch.Tensor,
     responses: Sequence[Sequence[int]],
-    sampler: SamplerConfig,
+    sampler: Sampler,
     method: Method,
     engine_model: nn.Module | None = None,
     *,

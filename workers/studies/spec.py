@@ -10,9 +10,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from backend.rewards import RewardRule
-from backend.vocabulary import SamplerKind, parse_method
-from workers.fisher.methods import Method
-from workers.fisher.sampler import SamplerConfig
+from backend.vocabulary import Method, Sampler, SamplerKind
 from workers.fisher.study import Reference, derived_seed
 
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.001, 0.01, 0.05)
@@ -29,11 +27,11 @@ class CompareAt(StrEnum):
 
 @dataclass(frozen=True)
 class StudySpec:
-    sampler: SamplerConfig
+    sampler: Sampler
     samples: int = 4  # K responses per prompt
     max_tokens: int = 16  # L
     seed: int = 0
-    method: str = "exact"
+    method: Method = Method()
     reward: RewardRule | None = None
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     compare_at: CompareAt = CompareAt.prompts
@@ -46,14 +44,13 @@ class StudySpec:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
         if self.max_tokens < 1:
             raise ValueError(f"max tokens must be >= 1, got {self.max_tokens}")
-        parse_method(self.method)
         if not self.fractions or any(not 0 < q < 1 for q in self.fractions):
             raise ValueError(f"mask densities q must be in (0, 1), got {list(self.fractions)}")
         if list(self.fractions) != sorted(set(self.fractions)):
             raise ValueError(f"mask densities must be distinct and ascending, got {list(self.fractions)}")
 
     def method_config(self) -> Method:
-        return Method.parse(self.method, seed=self.seed)
+        return self.method.with_seed(self.seed)
 
     def response_seed(self, prompt_index: int, response_index: int) -> int:
         """The draw of response k of prompt n depends on (seed, n, k) only, not on order or workers."""
