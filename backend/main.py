@@ -23,7 +23,8 @@ from backend.guards import BodyGuard
 from backend.normalize import RequestError
 from backend.queue import JobQueue, RedisQueue
 from backend.routes import api, health
-from backend.service import AnalysisService, ServiceError
+from backend.service import AnalysisService
+from backend.service_error import ServiceError
 from backend.settings import Settings, get_settings
 from backend.store import RedisStore, Store
 from backend.studies import StudyService

@@ -25,7 +25,8 @@ from backend.schemas import (
     TokenizeResponse,
     TopCoordinates,
 )
-from backend.service import AnalysisService, ServiceError
+from backend.service import AnalysisService
+from backend.service_error import ServiceError
 from backend.store import ENGINE_RUNS, REWARD_REUSES
 from backend.summary import AnalysisOverview, PositionSummary
 

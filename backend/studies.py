@@ -22,7 +22,6 @@ from backend.service import AnalysisService, ServiceError
 from backend.store import RECENT_STUDIES, WORKER_DIED
 from backend.study_cost import StudyShape, cheaper_study_methods, estimate_study_cost
 from backend.study_schemas import (
-    StudyCost,
     StudyCreate,
     StudyJob,
     StudyJobPrompt,
@@ -33,6 +32,7 @@ from backend.study_schemas import (
     StudyPrompt,
     StudyPublic,
 )
+from backend.study_summary import StudySummary
 from backend.tokens import TokenCodec
 from backend.vocabulary import SamplerKind
 
@@ -126,7 +126,7 @@ class StudyService:
                 "stage": None,
                 "error": None,
                 "request": job.model_dump(mode="json"),
-                "cost": StudyCost(flops=cost.flops, seconds=cost.seconds).model_dump(),
+                "cost": cost.model_dump(),
                 "created": time.time(),
             }
             if self.store.claim(study_id, queued):
@@ -236,7 +236,7 @@ class StudyService:
             if summary_json is None:
                 status, error = JobStatus.failed, "the stored summary expired; POST the study again"
             else:
-                summary = loads(summary_json)
+                summary = StudySummary.model_validate(loads(summary_json))
         progress = 1.0 if status == JobStatus.done else sum(p.progress for p in parts) / max(len(parts), 1)
         return StudyPublic(
             id=study_id,

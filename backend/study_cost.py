@@ -11,8 +11,10 @@ prompts. Each part is about 2 P flop per context token and direction, as in docs
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
 
 from backend.vocabulary import Method, SamplerKind
 
@@ -53,8 +55,12 @@ class TokenizedPrompt(Protocol):
     def target_ids(self) -> Sequence[int] | None: ...
 
 
-@dataclass(frozen=True)
-class StudyCost:
+class StudyCostEstimate(BaseModel):
+    """What a study is estimated to cost, in all (``flops``, ``seconds``) and by part; the summary
+    records it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     flops: float
     seconds: float
     exact_flops: float
@@ -62,12 +68,10 @@ class StudyCost:
     score_flops: float
     sampling_flops: float
     directions_per_position: int
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "upper_bound": True}
+    upper_bound: bool = True
 
 
-def estimate_study_cost(shape: StudyShape, method: Method, flops_per_second: float) -> StudyCost:
+def estimate_study_cost(shape: StudyShape, method: Method, flops_per_second: float) -> StudyCostEstimate:
     p, d = shape.n_params, shape.d_model
     k, length = shape.samples, shape.max_tokens
     top_k = shape.top_k if shape.sampler_kind == SamplerKind.model else None
@@ -85,7 +89,7 @@ def estimate_study_cost(shape: StudyShape, method: Method, flops_per_second: flo
         sampling += k * 2.0 * p * (x + length)  # one cached forward per drawn token
     score += sum(6.0 * p * tokens for tokens in shape.target_tokens)  # the empirical Fisher's scores
     flops = exact + reference + score + sampling
-    return StudyCost(
+    return StudyCostEstimate(
         flops=flops,
         seconds=flops / max(flops_per_second, 1.0),
         exact_flops=exact,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend.rewards import RewardKind
 from backend.schemas import ENGINE_VERSION, JobStatus, MethodField, PooledView, SamplerSpec
+from backend.study_summary import StudySummary
 from backend.vocabulary import Method, Sampler
 
 DEFAULT_MASK_FRACTIONS = (0.001, 0.01, 0.05)
@@ -152,7 +152,7 @@ class StudyPublic(BaseModel):
     request: StudyJob
     cost: StudyCost | None = None
     error: str | None = None
-    summary: dict[str, Any] | None = Field(default=None, description="the study summary when done")
+    summary: StudySummary | None = Field(default=None, description="the study summary when done")
 
 
 class StudyListItem(BaseModel):

@@ -62,15 +62,20 @@ class TokensSummary(_Strict):
     continuation: list[TokenText]
 
 
-class SamplerSummary(_Strict):
+class SamplerSettings(_Strict):
+    """The sampler mu as a result records it."""
+
     kind: str
     temperature: float
     top_k: int | None
     top_p: float
     engine: str
     data_token_id: int | None
-    data_token_text: str | None
     on_policy: bool
+
+
+class SamplerSummary(SamplerSettings):
+    data_token_text: str | None
 
 
 class RewardEntry(_Strict):

@@ -49,7 +49,7 @@ from workers.fisher.study import (  # noqa: E402
 from workers.models.loading import load_model  # noqa: E402
 from workers.studies.masks import compare_levels, level_map  # noqa: E402
 from workers.studies.prompts import StudyPrompt, encode_prompts  # noqa: E402
-from workers.studies.runner import StudyModel, StudyPart, run_study_part  # noqa: E402
+from workers.studies.runner import StudyModel, StudyPart, model_meta, run_study_part  # noqa: E402
 from workers.studies.spec import CompareAt, StudySpec  # noqa: E402
 from workers.studies.summary import finish_study  # noqa: E402
 from workers.throughput import measure  # noqa: E402
@@ -287,7 +287,7 @@ def main() -> None:
     print(f"fisherscope study benchmark: {args.model} on {args.device}")
     part, seconds = run_exact(study_model, spec, prompts)
     report_study(part, seconds, rate, loaded.info.n_params, spec)
-    finished = finish_study(part, spec, {"id": loaded.id, "digest": loaded.info.digest})
+    finished = finish_study(part, spec, model_meta(loaded))
     references, reference_seconds = fisher_under_references(study_model, spec, prompts)
     report_findings(finished.summary, references, reference_seconds)
     runs = []

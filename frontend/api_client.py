@@ -1,20 +1,27 @@
 """The dashboard's only view of the HTTP API: every URL the frontend uses is built here.
 
 Errors come back as `ApiError` with the API's own message (its 4xx `detail`), so the dashboard can show
-what to fix instead of a stack trace. The server's API token, when it has one, stays in this process:
-it is sent from here, never to a browser and never in a link.
+what to fix instead of a stack trace. What the figures draw comes back as the API's own wire models
+(`backend.summary`, `backend.schemas`), checked once here: an answer off the contract is an error with
+the field named, not a KeyError deep in a figure. The server's API token, when it has one, stays in
+this process: it is sent from here, never to a browser and never in a link.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import flask
 import httpx
+from pydantic import BaseModel, ValidationError
+
+from backend.schemas import ComparePublic, PartialResult, TensorView, TokenizeResponse, TokenPiece
+from backend.summary import AnalysisOverview, PositionSummary
 
 API_PREFIX = "/api/v1"
+Answer = TypeVar("Answer", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -46,6 +53,30 @@ def readable_detail(response: httpx.Response) -> str:
                 parts.append(str(item))
         return "; ".join(parts)
     return str(detail)
+
+
+def parsed(model: type[Answer], body: bytes | dict[str, Any], what: str) -> Answer:
+    """`body` as `model`: the one place an answer of the API becomes a typed object for the dashboard.
+    An answer off the contract is an ApiError naming the field, so a callback shows a sentence."""
+    try:
+        if isinstance(body, dict):
+            return model.model_validate(body)
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+        raise ApiError(
+            f"the API's {what} does not match the contract: {where}: {problem['msg']}{more}"
+        ) from None
+
+
+def partial_result(body: dict[str, Any]) -> PartialResult | None:
+    """The result so far that a running analysis's answer carries (None when it carries none), checked
+    once here: the figures draw it as the `AnalysisSummary` it is."""
+    if body.get("status") != "running" or not body.get("partial"):
+        return None
+    return parsed(PartialResult, body["partial"], "partial result")
 
 
 TOKEN_VARIABLE = "FISHERSCOPE_API_TOKEN"
@@ -83,44 +114,41 @@ class ApiClient:
         return self.request("POST", "/analyses", json=body).json()
 
     def analysis(self, analysis_id: str) -> dict[str, Any]:
-        """Status, progress, stage, request and (when done) the summary as `result`."""
+        """Status, progress, stage, request, while running the `partial` result so far (read it with
+        `partial_result`) and when done the summary as `result` (the figures draw the overview instead)."""
         return self.request("GET", f"/analyses/{quote(analysis_id, safe='')}").json()
 
-    def overview(self, analysis_id: str) -> dict[str, Any]:
+    def overview(self, analysis_id: str) -> AnalysisOverview:
         """A finished summary with only `positions[0]` whole, and `position_index` listing every position:
         what the slides draw, no larger for a long response than for a prefix."""
-        return self.request("GET", f"/analyses/{quote(analysis_id, safe='')}/overview").json()
+        response = self.request("GET", f"/analyses/{quote(analysis_id, safe='')}/overview")
+        return parsed(AnalysisOverview, response.content, "overview")
 
-    def position(self, analysis_id: str, index: int) -> dict[str, Any]:
+    def position(self, analysis_id: str, index: int) -> PositionSummary:
         """One analysed position's whole summary (p and mu, spectrum, output layer, totals)."""
-        return self.request("GET", f"/analyses/{quote(analysis_id, safe='')}/positions/{int(index)}").json()
+        response = self.request("GET", f"/analyses/{quote(analysis_id, safe='')}/positions/{int(index)}")
+        return parsed(PositionSummary, response.content, f"position {int(index)}")
 
-    def compare(self, a: str, b: str) -> dict[str, Any]:
-        """Two finished analyses side by side: {a, b, sets (overlap, Jaccard, chance), tensors}."""
-        return self.request("GET", "/compare", params={"a": a, "b": b}).json()
+    def compare(self, a: str, b: str) -> ComparePublic:
+        """Two finished analyses side by side: overlap and Jaccard of their top-q sets, per-tensor totals."""
+        response = self.request("GET", "/compare", params={"a": a, "b": b})
+        return parsed(ComparePublic, response.content, "compare")
 
-    def pooled(
-        self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64
-    ) -> dict[str, Any]:
-        """Block sums of one tensor's statistic: {shape, row_edges, col_edges, values, row_tokens}.
-
-        The API answers a `TensorView` {tensor, stat, view, row_tokens}; the pooled view is its `view`,
-        with `row_tokens` (the first token of each block of vocabulary rows, or None) beside its edges.
-        """
+    def pooled(self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64) -> TensorView:
+        """Block sums of one tensor's statistic (`view`), with `row_tokens`: the first token of each
+        block of vocabulary rows, or None."""
         path = f"/analyses/{quote(analysis_id, safe='')}/tensors/{quote(tensor, safe='')}"
-        body = self.request("GET", path, params={"stat": stat, "rows": rows, "cols": cols}).json()
-        if not isinstance(body, dict) or not isinstance(body.get("view"), dict):
-            raise ApiError(f"the API's view of {tensor} has no pooled values")
-        return {**body["view"], "row_tokens": body.get("row_tokens")}
+        response = self.request("GET", path, params={"stat": stat, "rows": rows, "cols": cols})
+        return parsed(TensorView, response.content, f"view of {tensor}")
 
     def models(self) -> list[dict[str, Any]]:
         body = self.request("GET", "/models").json()
         return body["models"] if isinstance(body, dict) and "models" in body else body
 
-    def tokenize(self, model: str, text: str) -> list[dict[str, Any]]:
-        """How a text splits into tokens: [{id, text}, ...]."""
-        body = self.request("GET", "/tokenize", params={"model": model, "text": text}).json()
-        return body["tokens"] if isinstance(body, dict) else body
+    def tokenize(self, model: str, text: str) -> list[TokenPiece]:
+        """How a text splits into tokens."""
+        response = self.request("GET", "/tokenize", params={"model": model, "text": text})
+        return parsed(TokenizeResponse, response.content, "tokenization").tokens
 
     def arrays_status(self, analysis_id: str, choice: dict[str, str] | None = None) -> dict[str, Any]:
         """Ask for the safetensors file without downloading it: {"ready": bool, "bytes": n | None, ...}.

@@ -13,13 +13,14 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.schemas import ComparePublic, SetComparison, TensorView
+from backend.summary import AnalysisSummary, PositionSummary
 from backend.vocabulary import MODULE_KINDS
 from frontend.numbers import percent
 from frontend.plots import (
     LAYOUT,
     LOG_TICKS,
     STAT_LABEL,
-    Summary,
     kind_color,
     message_figure,
     small_title,
@@ -31,25 +32,25 @@ TOP_TOKENS = 12
 A_COLOR, B_COLOR = "#1f77b4", "#ff7f0e"
 
 
-def request_parts(summary: Summary) -> dict[str, str]:
+def request_parts(summary: AnalysisSummary) -> dict[str, str]:
     """What an analysis's request was, part by part, in words (the parts two labels are made from)."""
-    sampler = summary["sampler"]
-    method = summary["method"]
-    prefix = "".join(token["text"] for token in summary["tokens"]["prefix"])
-    how = {"truncated": f":{method.get('fraction')}", "mc": f":{method.get('samples')}"}
+    sampler = summary.sampler
+    method = summary.method
+    prefix = "".join(token.text for token in summary.tokens.prefix)
+    how = {"truncated": f":{method.fraction}", "mc": f":{method.samples}"}
     return {
-        "model": summary["model"]["id"],
+        "model": summary.model.id,
         "prefix": f"prefix {token_label(prefix)}",
-        "sampler": f"sampler {sampler['kind']}",
-        "temperature": f"temperature {sampler['temperature']:g}",
-        "top_k": f"top-k {sampler['top_k']}" if sampler.get("top_k") else "no top-k",
-        "top_p": f"top-p {sampler['top_p']:g}",
-        "engine": f"engine {sampler['engine']}",
-        "method": f"method {method['name']}{how.get(method['name'], '')}",
+        "sampler": f"sampler {sampler.kind}",
+        "temperature": f"temperature {sampler.temperature:g}",
+        "top_k": f"top-k {sampler.top_k}" if sampler.top_k else "no top-k",
+        "top_p": f"top-p {sampler.top_p:g}",
+        "engine": f"engine {sampler.engine}",
+        "method": f"method {method.name}{how.get(method.name, '')}",
     }
 
 
-def side_labels(summary_a: Summary, summary_b: Summary) -> tuple[str, str]:
+def side_labels(summary_a: AnalysisSummary, summary_b: AnalysisSummary) -> tuple[str, str]:
     """'A: temperature 1' and 'B: temperature 0.7': each named by what differs between the two."""
     parts_a, parts_b = request_parts(summary_a), request_parts(summary_b)
     differ = [key for key in parts_a if parts_a[key] != parts_b[key]]
@@ -66,39 +67,39 @@ def side_labels(summary_a: Summary, summary_b: Summary) -> tuple[str, str]:
     )
 
 
-def responses(summary: Summary) -> list[int]:
-    return [token["id"] for token in summary["tokens"].get("continuation") or []]
+def responses(summary: AnalysisSummary) -> list[int]:
+    return [token.id for token in summary.tokens.continuation]
 
 
-def tensor_scatter(compare: dict[str, Any], stat: str, labels: tuple[str, str]) -> go.Figure:
+def tensor_scatter(compare: ComparePublic, stat: str, labels: tuple[str, str]) -> go.Figure:
     """Each tensor's total `stat` in A (x) against B (y), log-log, one colour per module kind, with the
     y = x line: a point above it holds more in B. Zeros cannot sit on a log axis and are counted instead."""
-    pairs = [t for t in compare["tensors"] if t["a"][stat] > 0 and t["b"][stat] > 0]
+    pairs = [t for t in compare.tensors if t.a[stat] > 0 and t.b[stat] > 0]
     if not pairs:
         return message_figure(f"No tensor has a {STAT_LABEL[stat]} above 0 in both analyses.")
     fig = go.Figure()
-    for kind in [*MODULE_KINDS, *sorted({t["kind"] for t in pairs} - set(MODULE_KINDS))]:
-        tensors = [t for t in pairs if t["kind"] == kind]
+    for kind in [*MODULE_KINDS, *sorted({t.kind for t in pairs} - set(MODULE_KINDS))]:
+        tensors = [t for t in pairs if t.kind == kind]
         if tensors:
             fig.add_trace(
                 go.Scatter(
-                    x=[t["a"][stat] for t in tensors],
-                    y=[t["b"][stat] for t in tensors],
-                    customdata=[t["name"] for t in tensors],
+                    x=[t.a[stat] for t in tensors],
+                    y=[t.b[stat] for t in tensors],
+                    customdata=[t.name for t in tensors],
                     mode="markers",
                     name=kind,
                     marker={"color": kind_color(kind), "size": 7},
                     hovertemplate="%{customdata}<br>A: %{x:.4g}<br>B: %{y:.4g}<extra></extra>",
                 )
             )
-    values = [t[side][stat] for t in pairs for side in ("a", "b")]
+    values = [side[stat] for t in pairs for side in (t.a, t.b)]
     low, high = min(values), max(values)
     fig.add_trace(
         go.Scatter(
             x=[low, high], y=[low, high], mode="lines", name="y = x", line={"dash": "dot", "color": "grey"}
         )
     )
-    left_out = len(compare["tensors"]) - len(pairs)
+    left_out = len(compare.tensors) - len(pairs)
     note = f" ({left_out} tensors with a 0 left out)" if left_out else ""
     fig.update_layout(
         **LAYOUT,
@@ -117,33 +118,33 @@ def percent_ticks(low: float) -> dict[str, Any]:
     return {"tickvals": values, "ticktext": [f"{100 * v:g}%" for v in values]}
 
 
-def sets_figure(sets: dict[str, Any]) -> go.Figure:
+def sets_figure(sets: SetComparison) -> go.Figure:
     """Overlap and Jaccard of the two top-q Fisher sets at each q, beside their chance values (q and
     q / (2 - q)) for independent random sets; log axis, so chance stays visible under the bars."""
-    qs = [f"top {100 * q:g}%" for q in sets["q"]]
+    qs = [f"top {100 * q:g}%" for q in sets.q]
     fig = go.Figure()
-    for key, name, color in (
-        ("overlap", "overlap |A∩B| / |A|", "#2ca02c"),
-        ("jaccard", "Jaccard |A∩B| / |A∪B|", "#9467bd"),
+    for shares, name, color in (
+        (sets.overlap, "overlap |A∩B| / |A|", "#2ca02c"),
+        (sets.jaccard, "Jaccard |A∩B| / |A∪B|", "#9467bd"),
     ):
         fig.add_trace(
             go.Bar(
                 x=qs,
-                y=sets[key],
+                y=shares,
                 name=name,
                 marker_color=color,
-                text=[percent(value) for value in sets[key]],  # a positive overlap never reads 0%
+                text=[percent(value) for value in shares],  # a positive overlap never reads 0%
                 textposition="outside",
             )
         )
-    for key, name, symbol in (
-        ("chance_overlap", "chance overlap = q", "diamond-open"),
-        ("chance_jaccard", "chance Jaccard = q/(2−q)", "x"),
+    for chance, name, symbol in (
+        (sets.chance_overlap, "chance overlap = q", "diamond-open"),
+        (sets.chance_jaccard, "chance Jaccard = q/(2−q)", "x"),
     ):
         fig.add_trace(
             go.Scatter(
                 x=qs,
-                y=sets[key],
+                y=chance,
                 name=name,
                 mode="markers+lines",
                 line={"dash": "dot", "color": "grey"},
@@ -151,7 +152,10 @@ def sets_figure(sets: dict[str, Any]) -> go.Figure:
             )
         )
     positive = [
-        v for key in ("overlap", "jaccard", "chance_overlap", "chance_jaccard") for v in sets[key] if v > 0
+        v
+        for shares in (sets.overlap, sets.jaccard, sets.chance_overlap, sets.chance_jaccard)
+        for v in shares
+        if v > 0
     ]
     low = min(positive, default=1e-3) / 3
     fig.update_layout(
@@ -169,20 +173,22 @@ def sets_figure(sets: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def next_tokens(position_a: dict[str, Any], position_b: dict[str, Any], labels: tuple[str, str]) -> go.Figure:
+def next_tokens(
+    position_a: PositionSummary, position_b: PositionSummary, labels: tuple[str, str]
+) -> go.Figure:
     """The two next-token distributions side by side: p (model) and μ (sampler) of each one's top tokens."""
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=labels, horizontal_spacing=0.06)
     for col, (position, side, color) in enumerate(
         ((position_a, "A", A_COLOR), (position_b, "B", B_COLOR)), 1
     ):
-        top = position["p"]["top"][:TOP_TOKENS]
+        top = position.p.top[:TOP_TOKENS]
         tokens = unique_token_labels(top)
         p = go.Bar(
-            x=tokens, y=[t["p"] for t in top], name="p (model)", marker_color="#7f7f7f", showlegend=col == 1
+            x=tokens, y=[t.p for t in top], name="p (model)", marker_color="#7f7f7f", showlegend=col == 1
         )
         fig.add_trace(p, 1, col)
         fig.add_trace(
-            go.Bar(x=tokens, y=[t["mu"] for t in top], name=f"μ (sampler) of {side}", marker_color=color),
+            go.Bar(x=tokens, y=[t.mu for t in top], name=f"μ (sampler) of {side}", marker_color=color),
             1,
             col,
         )
@@ -197,16 +203,15 @@ def next_tokens(position_a: dict[str, Any], position_b: dict[str, Any], labels: 
     return fig
 
 
-def difference_heatmap(
-    pooled_a: dict[str, Any], pooled_b: dict[str, Any], tensor: str, stat: str
-) -> go.Figure:
-    """B − A of one matrix's `stat`, block by block (the API's pooled sums on the same grid): red where
+def difference_heatmap(view_a: TensorView, view_b: TensorView) -> go.Figure:
+    """B − A of one matrix's statistic, block by block (the API's pooled sums on the same grid): red where
     B holds more, blue where A does, white where they agree."""
-    if (pooled_a["row_edges"], pooled_a["col_edges"]) != (pooled_b["row_edges"], pooled_b["col_edges"]):
+    tensor, stat, pooled_a, pooled_b = view_a.tensor, view_a.stat, view_a.view, view_b.view
+    if (pooled_a.row_edges, pooled_a.col_edges) != (pooled_b.row_edges, pooled_b.col_edges):
         return message_figure(
             f"{tensor}: the two pooled views have different block grids; no difference drawn."
         )
-    a, b = pooled_a["values"], pooled_b["values"]
+    a, b = pooled_a.values, pooled_b.values
     difference = [
         [vb - va for va, vb in zip(row_a, row_b, strict=True)] for row_a, row_b in zip(a, b, strict=True)
     ]
@@ -214,7 +219,7 @@ def difference_heatmap(
         return message_figure(
             f"{tensor}: the {STAT_LABEL.get(stat, stat)} is the same in A and B in every block."
         )
-    row_edges, col_edges = pooled_a["row_edges"], pooled_a["col_edges"]
+    row_edges, col_edges = pooled_a.row_edges, pooled_a.col_edges
     fig = go.Figure(
         go.Heatmap(
             z=difference,
@@ -232,7 +237,7 @@ def difference_heatmap(
             colorbar={"title": "B − A"},
         )
     )
-    shape = pooled_a["shape"]
+    shape = pooled_a.shape
     fig.update_layout(
         **LAYOUT,
         title=small_title(f"{tensor}: {stat} of B − A, sums over {shape[0]}×{shape[1]} blocks"),
@@ -245,25 +250,25 @@ def difference_heatmap(
     return fig
 
 
-def largest_change(compare: dict[str, Any], matrices: list[str], stat: str) -> str | None:
+def largest_change(compare: ComparePublic, matrices: list[str], stat: str) -> str | None:
     """The matrix whose total `stat` differs most between A and B (where a heatmap has most to show)."""
-    by_name = {t["name"]: t for t in compare["tensors"]}
+    by_name = {t.name: t for t in compare.tensors}
     known = [name for name in matrices if name in by_name]
     if not known:
         return None
-    return max(known, key=lambda name: abs(by_name[name]["b"][stat] - by_name[name]["a"][stat]))
+    return max(known, key=lambda name: abs(by_name[name].b[stat] - by_name[name].a[stat]))
 
 
-def reading(compare: dict[str, Any], labels: tuple[str, str]) -> str:
+def reading(compare: ComparePublic, labels: tuple[str, str]) -> str:
     """The top-1% sets against chance, and the model totals of both, in one sentence each."""
-    sets = compare["sets"]
-    k = min(range(len(sets["q"])), key=lambda i: abs(sets["q"][i] - 0.01))
-    total_a = sum(t["a"]["fisher"] for t in compare["tensors"])
-    total_b = sum(t["b"]["fisher"] for t in compare["tensors"])
+    sets = compare.sets
+    k = min(range(len(sets.q)), key=lambda i: abs(sets.q[i] - 0.01))
+    total_a = sum(t.a["fisher"] for t in compare.tensors)
+    total_b = sum(t.b["fisher"] for t in compare.tensors)
     ratio = f" ({total_b / total_a:.3g}× A's)" if total_a > 0 else ""
     return (
-        f"{labels[0]} against {labels[1]}. The top {100 * sets['q'][k]:g}% of coordinates by centered Fisher "
-        f"overlap by {percent(sets['overlap'][k])} (chance {percent(sets['chance_overlap'][k])}), Jaccard "
-        f"{percent(sets['jaccard'][k])} (chance {percent(sets['chance_jaccard'][k])}). Total Fisher: A "
+        f"{labels[0]} against {labels[1]}. The top {100 * sets.q[k]:g}% of coordinates by centered Fisher "
+        f"overlap by {percent(sets.overlap[k])} (chance {percent(sets.chance_overlap[k])}), Jaccard "
+        f"{percent(sets.jaccard[k])} (chance {percent(sets.chance_jaccard[k])}). Total Fisher: A "
         f"{total_a:.3g}, B {total_b:.3g}{ratio}."
     )

@@ -7,13 +7,11 @@ tables are formed on the dashboard's server from the overview and the compare th
 
 from __future__ import annotations
 
-from typing import Any
-
 from dash import dcc, html
 
-from backend.schemas import DEFAULT_EXPORT_STATS, ExportDtype
+from backend.schemas import DEFAULT_EXPORT_STATS, ComparePublic, ExportDtype
+from backend.summary import AnalysisSummary
 from backend.vocabulary import STATS
-from frontend.plots import Summary
 
 ARRAYS_STATS_ID = "arrays-stats"
 ARRAYS_DTYPE_ID = "arrays-dtype"
@@ -50,15 +48,13 @@ def arrays_query(stats: list[str] | None, dtype: str | None) -> dict[str, str]:
 CSV_FILENAME = "fisherscope_tensor_totals.csv"
 
 
-def tensor_totals_csv(summary: Summary) -> str:
+def tensor_totals_csv(summary: AnalysisSummary) -> str:
     """Per-tensor totals of every statistic as CSV: name, layer, kind, numel, then the summary's totals."""
-    keys = list(summary["totals"].keys())
+    keys = list(summary.totals.keys())
     lines = [",".join(["name", "layer", "kind", "numel", *keys])]
-    for tensor in summary["tensors"]:
-        values = [repr(tensor["totals"].get(key, "")) for key in keys]
-        lines.append(
-            ",".join([tensor["name"], str(tensor["layer"]), tensor["kind"], str(tensor["numel"]), *values])
-        )
+    for tensor in summary.tensors:
+        values = [repr(tensor.totals.get(key, "")) for key in keys]
+        lines.append(",".join([tensor.name, str(tensor.layer), tensor.kind, str(tensor.numel), *values]))
     return "\n".join(lines) + "\n"
 
 
@@ -66,7 +62,7 @@ COMPARE_CSV_FILENAME = "fisherscope_compare.csv"
 COMPARE_STATS = ("fisher", "uncentered", "raw")
 
 
-def compare_csv(compare: dict[str, Any], labels: tuple[str, str]) -> str:
+def compare_csv(compare: ComparePublic, labels: tuple[str, str]) -> str:
     """The compare view as CSV: two tables, each after a '#' line that says what it is, a blank line
     between them (pandas: `read_csv(..., comment="#", nrows=...)`, or split on the blank line).
 
@@ -74,17 +70,22 @@ def compare_csv(compare: dict[str, Any], labels: tuple[str, str]) -> str:
     |A∩B|/|A| and Jaccard |A∩B|/|A∪B|, each beside its chance value for independent random sets.
     """
     lines = [
-        f"# fisherscope compare: A = {compare['a']} ({labels[0]}); B = {compare['b']} ({labels[1]})",
+        f"# fisherscope compare: A = {compare.a} ({labels[0]}); B = {compare.b} ({labels[1]})",
         "# per tensor: the total of each statistic in A and in B",
         ",".join(["name", "layer", "kind", *(f"{side}_{stat}" for stat in COMPARE_STATS for side in "ab")]),
     ]
-    for tensor in compare["tensors"]:
-        values = [repr(tensor[side][stat]) for stat in COMPARE_STATS for side in "ab"]
-        lines.append(",".join([tensor["name"], str(tensor["layer"]), tensor["kind"], *values]))
-    sets = compare["sets"]
+    for tensor in compare.tensors:
+        values = [repr(side[stat]) for stat in COMPARE_STATS for side in (tensor.a, tensor.b)]
+        lines.append(",".join([tensor.name, str(tensor.layer), tensor.kind, *values]))
+    sets = compare.sets
     lines += ["", "# top-q sets by the centered Fisher, against independent random sets of density q"]
-    keys = ["overlap", "chance_overlap", "jaccard", "chance_jaccard"]
-    lines.append(",".join(["q", *keys]))
-    for i, q in enumerate(sets["q"]):
-        lines.append(",".join([repr(q), *(repr(sets[key][i]) for key in keys)]))
+    columns = {
+        "overlap": sets.overlap,
+        "chance_overlap": sets.chance_overlap,
+        "jaccard": sets.jaccard,
+        "chance_jaccard": sets.chance_jaccard,
+    }
+    lines.append(",".join(["q", *columns]))
+    for i, q in enumerate(sets.q):
+        lines.append(",".join([repr(q), *(repr(shares[i]) for shares in columns.values())]))
     return "\n".join(lines) + "\n"

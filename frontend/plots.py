@@ -1,9 +1,9 @@
 """What every figure shares: the layout, labels, colours and axis helpers, defined once.
 
-Figures are pure functions of the summary JSON (docs/contract.md, "Summary JSON"): the engine reports
-every number a figure shows, and the frontend only draws. The centering toggle therefore only changes
-which stored statistic is read (fisher, uncentered or raw), never triggers a recomputation, and every
-figure can be tested without a browser. The slides (`frontend.slides`) and the explorer
+Figures are pure functions of the summary (`backend.summary.AnalysisSummary`, docs/contract.md): the
+engine reports every number a figure shows, and the frontend only draws. The centering toggle therefore
+only changes which stored statistic is read (fisher, uncentered or raw), never triggers a recomputation,
+and every figure can be tested without a browser. The slides (`frontend.slides`) and the explorer
 (`frontend.explorer`) build their figures from the helpers here.
 """
 
@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import plotly.graph_objects as go
 
+from backend.summary import AnalysisOverview, AnalysisSummary, Totals
 from frontend.state import CENTERING_STAT
 
-Summary = dict[str, Any]
+
+class Token(Protocol):
+    """A token as the summary lists it: the prefix's, the response's, a candidate, an output row."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def text(self) -> str: ...
+
 
 STAT_LABEL = {
     "fisher": "centered Fisher",
@@ -57,6 +68,13 @@ def stat_for_centering(centering: str) -> str:
     return CENTERING_STAT[centering]
 
 
+def stat_total(totals: Totals, stat: str) -> float:
+    """One statistic of a totals map as a number to add and compare: the summary sends a non-finite
+    total as null (backend/fastjson.py), read here as NaN, which is never above 0 and never raises."""
+    value = totals[stat]
+    return math.nan if value is None else value
+
+
 def kind_color(kind: str) -> str:
     """The colour of a module kind; grey for a kind the vocabulary does not name."""
     return KIND_COLOR.get(kind, "grey")
@@ -67,40 +85,37 @@ def token_label(text: str) -> str:
     return "'" + text.replace("\n", "\\n").replace("\t", "\\t") + "'"
 
 
-def unique_token_labels(tokens: list[dict[str, Any]]) -> list[str]:
+def unique_token_labels(tokens: Sequence[Token]) -> list[str]:
     """Category labels for tokens, one per token: quoted text, plus `#id` where texts collide.
 
     Plotly merges bars that share a category, so several tokens that decode to the same text (byte
     pieces shown as U+FFFD, or ' tea' at two positions) would otherwise stack into one bar.
     """
-    labels = [token_label(str(token["text"])) for token in tokens]
+    labels = [token_label(token.text) for token in tokens]
     counts = {label: labels.count(label) for label in labels}
     unique = []
     for label, token in zip(labels, tokens, strict=True):
         needs_id = counts[label] > 1 or "\ufffd" in label
-        unique.append(f"{label} #{token['id']}" if needs_id and "id" in token else label)
+        unique.append(f"{label} #{token.id}" if needs_id else label)
     seen: dict[str, int] = {}
-    for i, label in enumerate(unique):  # same text and same id (or no id): number them
+    for i, label in enumerate(unique):  # same text and same id: number them
         seen[label] = seen.get(label, 0) + 1
         if seen[label] > 1:
             unique[i] = f"{label} ({seen[label]})"
     return unique
 
 
-def response_labels(summary: Summary) -> list[str]:
+def response_labels(summary: AnalysisSummary) -> list[str]:
     """One axis label per response position: `t: 'token'`. The position already makes each label
     unique, so a repeated token (' She' twice) reads as itself; a byte piece (U+FFFD) keeps its id."""
-    continuation = summary["tokens"].get("continuation") or []
     labels = []
-    for t, token in enumerate(continuation):
-        label = token_label(str(token["text"]))
-        labels.append(
-            f"{t + 1}: {label} #{token['id']}" if "\ufffd" in label and "id" in token else f"{t + 1}: {label}"
-        )
+    for t, token in enumerate(summary.tokens.continuation):
+        label = token_label(token.text)
+        labels.append(f"{t + 1}: {label} #{token.id}" if "\ufffd" in label else f"{t + 1}: {label}")
     return labels
 
 
-def layer_label(layer: Any) -> str:
+def layer_label(layer: int | str) -> str:
     """`L3` for a numbered layer; a named group (embedding, head) as it is."""
     return f"L{layer}" if isinstance(layer, int) else str(layer)
 
@@ -114,28 +129,27 @@ def small_title(text: str) -> dict[str, Any]:
     return {"text": wrapped(text, TITLE_WIDTH), "font": {"size": 13}, "y": 0.985, "yanchor": "top"}
 
 
-def vocabulary(summary: Summary) -> dict[int, str]:
+def vocabulary(summary: AnalysisSummary) -> dict[int, str]:
     """The token texts the summary carries, by id: the prefix, the response, each position's top next
     tokens and output rows (where the largest Fisher of a vocabulary-sized tensor sits: the tokens fed
     in and the tokens the sampler hesitates between), and the rows of the top coordinates that the
     API's overview names (`vocabulary`)."""
-    tokens = summary.get("tokens") or {}
+    pieces: list[Token] = [*summary.tokens.prefix, *summary.tokens.continuation]
+    for position in summary.positions:
+        pieces += position.p.top
+        pieces += position.output_layer.rows
     known: dict[int, str] = {}
-    pieces = [*(tokens.get("prefix") or []), *(tokens.get("continuation") or [])]
-    for position in summary.get("positions") or []:
-        pieces += position.get("p", {}).get("top") or []
-        pieces += (position.get("output_layer") or {}).get("rows") or []
     for piece in pieces:
-        if "id" in piece and "text" in piece:
-            known.setdefault(int(piece["id"]), str(piece["text"]))
-    for token_id, text in (summary.get("vocabulary") or {}).items():  # the API's, for top coordinates
-        known.setdefault(int(token_id), str(text))
+        known.setdefault(piece.id, piece.text)
+    if isinstance(summary, AnalysisOverview):  # the API's, for top coordinates
+        for token_id, text in summary.vocabulary.items():
+            known.setdefault(int(token_id), text)
     return known
 
 
-def is_vocabulary_sized(shape: list[int], summary: Summary) -> bool:
+def is_vocabulary_sized(shape: list[int], summary: AnalysisSummary) -> bool:
     """A tensor whose rows are the vocabulary's tokens (the embedding, the output layer)."""
-    size = (summary.get("model") or {}).get("vocab_size")
+    size = summary.model.vocab_size
     return bool(size) and len(shape) >= 1 and shape[0] == size
 
 
@@ -180,9 +194,10 @@ def all_zero_figure(stat: str) -> go.Figure:
     )
 
 
-def positive_or_none(values: list[float]) -> list[float | None]:
-    """Zeros cannot sit on a log axis: leave a gap rather than a point at an invented floor."""
-    return [value if value > 0 else None for value in values]
+def positive_or_none(values: Sequence[float | None]) -> list[float | None]:
+    """Zeros cannot sit on a log axis: leave a gap rather than a point at an invented floor; a null (a
+    value the summary could not send as a finite number) is a gap too."""
+    return [value if value is not None and value > 0 else None for value in values]
 
 
 def decade_label(exponent: int) -> str:
@@ -204,7 +219,7 @@ def decade_exponents(low: int, high: int, most: int = 10) -> list[int]:
     return list(range(first, high + 1, step))
 
 
-def log_tickvals(values: list[float]) -> list[float]:
+def log_tickvals(values: Sequence[float | None]) -> list[float]:
     """Where a log axis over `values` is labelled: 1, 2 and 5 of each decade over a short span (left to
     itself, Plotly labels every minor tick there and the labels run into each other), whole decades,
     thinned to at most ten, over a long one."""

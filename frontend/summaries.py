@@ -14,11 +14,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
-from frontend.api_client import ApiClient
+from backend.schemas import ComparePublic, TensorView
+from backend.summary import AnalysisOverview, AnalysisSummary, PositionEntry, PositionSummary
+from frontend.api_client import ApiClient, partial_result
 
 VIEWS_KEPT = 96  # a few analyses' overviews, positions, pooled views and compares
+T = TypeVar("T")
 
 
 class View(TypedDict, total=False):
@@ -44,7 +47,7 @@ class LruCache:
         self.lock = threading.Lock()
         self.fetching: dict[Hashable, threading.Lock] = {}
 
-    def get(self, key: Hashable, fetch: Callable[[], Any]) -> Any:
+    def get(self, key: Hashable, fetch: Callable[[], T]) -> T:
         """The kept value for `key`, else `fetch()`'s, fetched once however many ask at the same time."""
         with self.lock:
             if key in self.entries:
@@ -72,54 +75,56 @@ class LruCache:
 
 
 class Summaries:
-    """The API's views of analyses, by id, for the figures: the only way a callback reads a result."""
+    """The API's views of analyses, by id, for the figures: the only way a callback reads a result.
+
+    Every view is kept as the typed object the API client checked (`frontend.api_client`), so a figure
+    reads fields, never keys of an unchecked answer."""
 
     def __init__(self, api: ApiClient, size: int = VIEWS_KEPT) -> None:
         self.api = api
         self.cache = LruCache(size)
 
-    def summary(self, view: View) -> dict[str, Any]:
+    def summary(self, view: View) -> AnalysisSummary:
         """What the slides draw: the overview of a finished analysis, or the partial result so far."""
         if view.get("kept_share") is None:
             return self.overview(view["id"])
         return self.cache.get(("partial", view["id"], view["kept_share"]), lambda: self._latest(view["id"]))
 
-    def _latest(self, analysis_id: str) -> dict[str, Any]:
+    def _latest(self, analysis_id: str) -> AnalysisSummary:
         """A partial this process has not seen (another dashboard process polled it): ask again; by now
         the analysis may be done, then its overview."""
         body = self.api.analysis(analysis_id)
-        if body.get("status") == "running" and body.get("partial"):
-            return body["partial"]["result"]
-        return self.overview(body["id"])
+        partial = partial_result(body)
+        return partial.result if partial is not None else self.overview(body["id"])
 
-    def remember_partial(self, analysis_id: str, kept_share: float, result: dict[str, Any]) -> None:
+    def remember_partial(self, analysis_id: str, kept_share: float, result: AnalysisSummary) -> None:
         """The partial result a poll just read, so drawing it asks the API nothing more."""
         self.cache.put(("partial", analysis_id, kept_share), result)
 
-    def overview(self, analysis_id: str) -> dict[str, Any]:
+    def overview(self, analysis_id: str) -> AnalysisOverview:
         return self.cache.get(("overview", analysis_id), lambda: self.api.overview(analysis_id))
 
-    def position(self, view: View, index: int) -> dict[str, Any]:
+    def position(self, view: View, index: int) -> PositionSummary:
         """One position's whole summary; a partial result carries its positions itself."""
         summary = self.summary(view)
         if index == 0 or view.get("kept_share") is not None:
-            return summary["positions"][min(index, len(summary["positions"]) - 1)]
+            return summary.positions[min(index, len(summary.positions) - 1)]
         return self.cache.get(("position", view["id"], index), lambda: self.api.position(view["id"], index))
 
-    def pooled(self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64) -> dict:
+    def pooled(self, analysis_id: str, tensor: str, stat: str, rows: int = 64, cols: int = 64) -> TensorView:
         key = ("pooled", analysis_id, tensor, stat, rows, cols)
         return self.cache.get(key, lambda: self.api.pooled(analysis_id, tensor, stat, rows, cols))
 
-    def compare(self, a: str, b: str) -> dict[str, Any]:
+    def compare(self, a: str, b: str) -> ComparePublic:
         return self.cache.get(("compare", a, b), lambda: self.api.compare(a, b))
 
 
-def position_entries(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every analysed position in brief ({index, context_length, target}): the overview's index, or, for
-    a partial result (which carries its positions whole), read off the positions themselves."""
-    if summary.get("position_index") is not None:
-        return summary["position_index"]
+def position_entries(summary: AnalysisSummary) -> list[PositionEntry]:
+    """Every analysed position in brief: the overview's index, or, for a partial result (which carries
+    its positions whole), read off the positions themselves."""
+    if isinstance(summary, AnalysisOverview):
+        return summary.position_index
     return [
-        {"index": i, "context_length": p["context_length"], "target": p.get("target")}
-        for i, p in enumerate(summary["positions"])
+        PositionEntry(index=i, context_length=p.context_length, target=p.target)
+        for i, p in enumerate(summary.positions)
     ]

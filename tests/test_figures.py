@@ -17,6 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backend.schemas import ComparePublic, PooledView, SetComparison, TensorView
+from backend.summary import AnalysisOverview, AnalysisSummary, PositionSummary, TokenText
 from backend.vocabulary import MODULE_KINDS
 from frontend import compare_figures, explorer, exports, handles, numbers, plots, shown
 from frontend.callbacks import explorer as explorer_callbacks
@@ -45,6 +47,17 @@ def summary() -> dict:
     return json.loads(FIXTURE.read_text())
 
 
+def typed(summary: dict) -> AnalysisSummary:
+    """The summary as the dashboard holds it: checked against the wire model where it enters."""
+    return AnalysisSummary.model_validate(summary)
+
+
+def tensor_view(pooled: dict, tensor: str, stat: str = "fisher") -> TensorView:
+    """GET .../tensors/{name}'s answer: the pooled view, with its `row_tokens` when given."""
+    view = {key: value for key, value in pooled.items() if key != "row_tokens"}
+    return TensorView(tensor=tensor, stat=stat, view=PooledView(**view), row_tokens=pooled.get("row_tokens"))
+
+
 @pytest.fixture(scope="module")
 def response_summary() -> dict:
     return json.loads((FIXTURES / "summary_smollm2_response.json").read_text())
@@ -65,9 +78,9 @@ def points_by_tensor(figure) -> dict[str, float]:
 
 
 def test_centering_toggle_switches_the_per_tensor_statistic(summary):
-    centered = points_by_tensor(s03_one_position.figure(summary, "on"))
-    uncentered = points_by_tensor(s03_one_position.figure(summary, "off"))
-    raw = points_by_tensor(s03_one_position.figure(summary, "raw"))
+    centered = points_by_tensor(s03_one_position.figure(typed(summary), "on"))
+    uncentered = points_by_tensor(s03_one_position.figure(typed(summary), "off"))
+    raw = points_by_tensor(s03_one_position.figure(typed(summary), "raw"))
     assert set(centered) == {tensor["name"] for tensor in summary["tensors"]}
     for tensor in summary["tensors"]:
         name = tensor["name"]
@@ -79,7 +92,7 @@ def test_centering_toggle_switches_the_per_tensor_statistic(summary):
 
 
 def test_per_tensor_traces_follow_the_vocabularys_module_kinds(summary):
-    figure = s03_one_position.figure(summary, "on")
+    figure = s03_one_position.figure(typed(summary), "on")
     kinds = [trace.name for trace in figure.data if trace.customdata is not None]
     present = {tensor["kind"] for tensor in summary["tensors"]}
     assert kinds == [kind for kind in MODULE_KINDS if kind in present]
@@ -95,14 +108,14 @@ def test_kind_colours_are_keyed_by_the_vocabularys_module_kinds():
 
 def test_concentration_curve_reads_the_chosen_statistic(summary):
     for centering, stat in CENTERING_STAT.items():
-        figure = s01_small_not_sparse.figure(summary, centering)
+        figure = s01_small_not_sparse.figure(typed(summary), centering)
         assert list(figure.data[0].y) == summary["concentration"][stat]["share"]
         assert list(figure.data[2].y) == [row["totals"][stat] for row in summary["layers"]]
 
 
 def test_unknown_centering_is_a_clear_error(summary):
     with pytest.raises(ValueError, match="centering must be one of"):
-        s01_small_not_sparse.figure(summary, "sideways")
+        s01_small_not_sparse.figure(typed(summary), "sideways")
 
 
 def test_output_rows_are_exact_coin_flip_variances(summary):
@@ -125,10 +138,12 @@ def test_output_rows_are_exact_coin_flip_variances(summary):
 
 
 def test_gradient_slide_draws_the_engines_row_gradient_and_bound(summary):
-    figure = s02_gradient_covariance.figure(summary, "on")
+    figure = s02_gradient_covariance.figure(typed(summary), "on")
     top = summary["positions"][0]["p"]["top"][:12]
     bound, gradient = figure.data[0], figure.data[1]
-    assert list(bound.x) == list(gradient.x) == plots.unique_token_labels(top)
+    assert (
+        list(bound.x) == list(gradient.x) == plots.unique_token_labels(typed(summary).positions[0].p.top[:12])
+    )
     assert list(bound.y) == [token["row_bound"] for token in top]
     assert list(gradient.y) == [token["row_policy_grad"] for token in top]
     overlap = summary["overlap"]
@@ -140,7 +155,7 @@ def test_gradient_slide_without_reward_draws_zero_rows(response_summary):
     """No reward: the engine reports no row gradient nor bound, both are 0, and the overlap asks for one."""
     top = response_summary["positions"][0]["p"]["top"]
     assert all(token["row_policy_grad"] is None and token["row_bound"] is None for token in top)
-    figure = s02_gradient_covariance.figure(response_summary, "on")
+    figure = s02_gradient_covariance.figure(typed(response_summary), "on")
     assert list(figure.data[0].y) == list(figure.data[1].y) == [0.0] * 12
     assert "set a reward" in figure.layout.annotations[-1].text
 
@@ -149,7 +164,7 @@ def test_mismatch_slide_draws_update_and_sqrt_fisher_ordered_by_p(summary, data_
     """Slide 10's x is p (log, rarest first); the update when drawn is sqrt((1 - p) / p) times the row's
     sqrt(on-policy Fisher), which the summary gives as row_fisher_p."""
     for source in (summary, data_summary):
-        figure = s10_not_a_defect.figure(source, "on")
+        figure = s10_not_a_defect.figure(typed(source), "on")
         top = sorted((t for t in source["positions"][0]["p"]["top"] if t["p"] > 0), key=lambda t: t["p"])
         update, fisher = figure.data[0], figure.data[1]
         assert list(update.x) == list(fisher.x) == [t["p"] for t in top]
@@ -160,7 +175,7 @@ def test_mismatch_slide_draws_update_and_sqrt_fisher_ordered_by_p(summary, data_
 
 
 def test_output_share_figure_plots_the_summary_rows(summary):
-    figure = s06_output_layer.figure(summary, "on")
+    figure = s06_output_layer.figure(typed(summary), "on")
     rows = summary["positions"][0]["output_layer"]["rows"]
     assert list(figure.data[0].y) == [row["share"] for row in rows]
     assert figure.data[0].x[0] == "'" + rows[0]["text"] + "'"
@@ -169,7 +184,7 @@ def test_output_share_figure_plots_the_summary_rows(summary):
 
 def test_spectrum_plots_centered_below_uncentered_top(summary):
     spectrum = summary["positions"][0]["spectrum"]
-    figure = explorer.spectrum(summary)
+    figure = explorer.spectrum(typed(summary))
     uncentered, centered = figure.data[0].y, figure.data[1].y
     assert list(centered) == spectrum["eigenvalues"]  # all positive here: none held at the log floor
     assert list(uncentered) == spectrum["uncentered_eigenvalues"]
@@ -178,30 +193,30 @@ def test_spectrum_plots_centered_below_uncentered_top(summary):
 
 
 def test_slide_7_draws_the_explorers_spectrum_at_the_first_position(summary):
-    slide = s07_hidden_directions.figure(summary, "on")
-    assert slide.to_plotly_json() == explorer.spectrum(summary, 0).to_plotly_json()
+    slide = s07_hidden_directions.figure(typed(summary), "on")
+    assert slide.to_plotly_json() == explorer.spectrum(typed(summary), 0).to_plotly_json()
 
 
 def test_response_figures_say_what_is_missing_without_a_continuation(response_summary):
     summary = response_summary
-    prefix_only = {**summary, "response": None}
+    prefix_only = typed({**summary, "response": None})
     for slide in (s04_along_response, s08_mean_shift, s09_chi2):
         figure = slide.figure(prefix_only, "on")
         assert figure.data == ()
         assert "continuation" in figure.layout.annotations[0].text
-    figure = s04_along_response.figure(summary, "on")
+    figure = s04_along_response.figure(typed(summary), "on")
     assert list(figure.data[1].y) == summary["response"]["fisher_running"]
 
 
 def test_mean_shift_stack_adds_to_uncentered(summary):
-    figure = s05_centered_score.figure(summary, "on")
+    figure = s05_centered_score.figure(typed(summary), "on")
     for fisher, shift, layer in zip(figure.data[0].y, figure.data[1].y, summary["layers"], strict=True):
         # the engine accumulates in float32: the identity holds to float32 precision
         assert fisher + shift == pytest.approx(layer["totals"]["uncentered"], rel=1e-5)
 
 
 def test_csv_has_one_line_per_tensor(summary):
-    text = exports.tensor_totals_csv(summary)
+    text = exports.tensor_totals_csv(typed(summary))
     lines = text.strip().split("\n")
     assert len(lines) == len(summary["tensors"]) + 1
     header = lines[0].split(",")
@@ -216,14 +231,14 @@ def test_heatmap_uses_pooled_values():
         "col_edges": [0, 1, 2, 3],
         "values": [[1, 2, 3], [4, 5, 6]],
     }
-    figure = explorer.heatmap(pooled, "model.layers.0.mlp.down_proj.weight", "fisher")
+    figure = explorer.heatmap(tensor_view(pooled, "model.layers.0.mlp.down_proj.weight"))
     assert [list(row) for row in figure.data[0].z] == pooled["values"]
 
 
 def test_token_labels_are_unique_when_texts_collide():
-    tokens = [{"id": 5, "text": "\ufffd"}, {"id": 9, "text": "\ufffd"}, {"id": 3, "text": " tea"}]
+    tokens = [TokenText(id=5, text="\ufffd"), TokenText(id=9, text="\ufffd"), TokenText(id=3, text=" tea")]
     assert plots.unique_token_labels(tokens) == ["'\ufffd' #5", "'\ufffd' #9", "' tea'"]
-    repeated = [{"id": 3, "text": " tea"}, {"id": 3, "text": " tea"}]
+    repeated = [TokenText(id=3, text=" tea"), TokenText(id=3, text=" tea")]
     assert len(set(plots.unique_token_labels(repeated))) == 2
 
 
@@ -250,10 +265,10 @@ def test_every_token_axis_keeps_one_bar_per_token():
     assert len({token["text"] for token in top}) < len(top)  # the summary does have collisions
     for source in (engine_summary, summary):
         for figure in (
-            explorer.next_token(source),
-            s06_output_layer.figure(source, "on"),
-            s10_not_a_defect.figure(source, "on"),
-            s02_gradient_covariance.figure(source, "on"),
+            explorer.next_token(typed(source)),
+            s06_output_layer.figure(typed(source), "on"),
+            s10_not_a_defect.figure(typed(source), "on"),
+            s02_gradient_covariance.figure(typed(source), "on"),
         ):
             for trace in figure.data:
                 if trace.x is not None and trace.xaxis in (None, "x"):
@@ -262,8 +277,8 @@ def test_every_token_axis_keeps_one_bar_per_token():
 
 def test_response_view_follows_the_toggle(response_summary):
     response = response_summary["response"]
-    centered = explorer.response_view(response_summary, "on")
-    uncentered = explorer.response_view(response_summary, "off")
+    centered = explorer.response_view(typed(response_summary), "on")
+    uncentered = explorer.response_view(typed(response_summary), "off")
     assert list(centered.data[0].y) == response["fisher_total"]
     assert list(centered.data[1].y) == response["fisher_running"]
     assert list(uncentered.data[0].y) == response["uncentered_total"]
@@ -302,7 +317,7 @@ def check_chi2_axes(figure, chi2: list[float]) -> None:
 
 def test_chi2_growth_plots_the_response_in_whole_decades(response_summary):
     response = response_summary["response"]
-    figure = s09_chi2.figure(response_summary, "on")
+    figure = s09_chi2.figure(typed(response_summary), "on")
     assert list(figure.data[0].y) == response["chi2"]
     # the running sum of log(1 + chi^2_t), in decades of 1 + chi^2(D || pi)
     assert [y * math.log(10) for y in figure.data[1].y] == pytest.approx(response["log_one_plus_chi2_cum"])
@@ -322,7 +337,7 @@ def test_chi2_growth_plots_the_response_in_whole_decades(response_summary):
     ],
 )
 def test_chi2_growth_axes_hold_every_point(response_summary, chi2):
-    figure = s09_chi2.figure(with_chi2(response_summary, chi2), "on")
+    figure = s09_chi2.figure(typed(with_chi2(response_summary, chi2)), "on")
     check_chi2_axes(figure, chi2)
     if len(chi2) == 300:  # a shared range would flatten the bars: each axis keeps its own
         top = math.floor(300 * math.log10(1 + 1.2e4)) + 1  # 1 + chi^2 = 12001^300: 1,224 decades
@@ -330,29 +345,29 @@ def test_chi2_growth_axes_hold_every_point(response_summary, chi2):
 
 
 def test_data_sampler_response_says_the_fisher_under_mu_is_zero(data_summary):
-    figure = s04_along_response.figure(data_summary, "on")
+    figure = s04_along_response.figure(typed(data_summary), "on")
     assert figure.data == () and "one-hot" in figure.layout.annotations[0].text
-    shifted = s04_along_response.figure(data_summary, "off")
+    shifted = s04_along_response.figure(typed(data_summary), "off")
     assert list(shifted.data[0].y) == data_summary["response"]["uncentered_total"]
-    assert "one-hot" in explorer.spectrum(data_summary).layout.annotations[0].text
+    assert "one-hot" in explorer.spectrum(typed(data_summary)).layout.annotations[0].text
 
 
 def test_spectrum_marks_numerical_rank_and_rank_bound(summary):
     spectrum = summary["positions"][0]["spectrum"]
-    figure = explorer.spectrum(summary)
+    figure = explorer.spectrum(typed(summary))
     texts = " ".join(shape.text for shape in figure.layout.annotations)
     assert f"numerical rank {spectrum['numerical_rank']}" in texts
     assert f"{spectrum['rank_bound']:,}" in figure.layout.title.text
     truncated = json.loads(json.dumps(summary))
     truncated["positions"][0]["spectrum"]["rank_bound"] = 19  # as with top-k = 20
-    texts = " ".join(shape.text for shape in explorer.spectrum(truncated).layout.annotations)
+    texts = " ".join(shape.text for shape in explorer.spectrum(typed(truncated)).layout.annotations)
     assert "rank bound n − 1 = 19" in texts
 
 
 def test_layer_bars_open_that_layers_tensors(summary):
-    figure = explorer.layer_mass(summary, "on")
+    figure = explorer.layer_mass(typed(summary), "on")
     assert [row[0] for row in figure.data[0].customdata] == [str(row["layer"]) for row in summary["layers"]]
-    names = explorer.tensors_of_layer(summary, "0", "fisher")
+    names = explorer.tensors_of_layer(typed(summary), "0", "fisher")
     assert names and all(".layers.0." in name for name in names)
     by_name = {tensor["name"]: tensor for tensor in summary["tensors"]}
     matrices = [name for name in names if len(by_name[name]["shape"]) == 2]
@@ -386,15 +401,15 @@ def compared(summary, response_summary) -> dict:
 
 
 def test_compare_labels_name_what_differs(summary, response_summary):
-    label_a, label_b = compare_figures.side_labels(summary, response_summary)
+    label_a, label_b = compare_figures.side_labels(typed(summary), typed(response_summary))
     assert label_a == "A: temperature 0.7" and label_b == "B: temperature 1"
-    assert compare_figures.side_labels(summary, summary) == ("A", "B (the same analysis as A)")
+    assert compare_figures.side_labels(typed(summary), typed(summary)) == ("A", "B (the same analysis as A)")
 
 
 @pytest.mark.parametrize("centering", ["on", "off", "raw"])
 def test_compare_scatter_plots_both_totals_of_every_tensor(compared, centering):
     stat = CENTERING_STAT[centering]
-    figure = compare_figures.tensor_scatter(compared, stat, ("A", "B"))
+    figure = compare_figures.tensor_scatter(ComparePublic.model_validate(compared), stat, ("A", "B"))
     plotted = {}
     for trace in figure.data:
         if trace.customdata is not None:
@@ -411,7 +426,7 @@ def test_compare_scatter_plots_both_totals_of_every_tensor(compared, centering):
 def test_compare_scatter_counts_the_tensors_a_log_axis_cannot_hold(compared):
     with_zero = json.loads(json.dumps(compared))
     with_zero["tensors"][0]["b"]["fisher"] = 0.0
-    figure = compare_figures.tensor_scatter(with_zero, "fisher", ("A", "B"))
+    figure = compare_figures.tensor_scatter(ComparePublic.model_validate(with_zero), "fisher", ("A", "B"))
     assert "(1 tensors with a 0 left out)" in figure.layout.title.text.replace("<br>", " ")
     assert with_zero["tensors"][0]["name"] not in {
         n for t in figure.data if t.customdata is not None for n in t.customdata
@@ -420,7 +435,7 @@ def test_compare_scatter_counts_the_tensors_a_log_axis_cannot_hold(compared):
 
 def test_compare_sets_are_drawn_beside_chance(compared):
     sets = compared["sets"]
-    figure = compare_figures.sets_figure(sets)
+    figure = compare_figures.sets_figure(SetComparison.model_validate(sets))
     by_name = {trace.name: list(trace.y) for trace in figure.data}
     assert by_name["overlap |A∩B| / |A|"] == sets["overlap"]
     assert by_name["Jaccard |A∩B| / |A∪B|"] == sets["jaccard"]
@@ -432,7 +447,9 @@ def test_compare_sets_are_drawn_beside_chance(compared):
 
 def test_compare_next_tokens_side_by_side(summary, response_summary):
     figure = compare_figures.next_tokens(
-        summary["positions"][0], response_summary["positions"][0], ("A: temperature 0.7", "B: temperature 1")
+        typed(summary).positions[0],
+        typed(response_summary).positions[0],
+        ("A: temperature 0.7", "B: temperature 1"),
     )
     mu = {trace.name: list(trace.y) for trace in figure.data if trace.name.startswith("μ")}
     top_a = summary["positions"][0]["p"]["top"][: compare_figures.TOP_TOKENS]
@@ -444,32 +461,40 @@ def test_compare_next_tokens_side_by_side(summary, response_summary):
 def test_compare_difference_heatmap_is_b_minus_a():
     pooled_a = {"shape": [2, 2], "row_edges": [0, 3, 6], "col_edges": [0, 4, 8], "values": [[1, 2], [3, 4]]}
     pooled_b = {**pooled_a, "values": [[2, 2], [1, 8]]}
-    figure = compare_figures.difference_heatmap(pooled_a, pooled_b, "w", "fisher")
+    figure = compare_figures.difference_heatmap(tensor_view(pooled_a, "w"), tensor_view(pooled_b, "w"))
     assert [list(row) for row in figure.data[0].z] == [[1, 0], [-2, 4]]
     assert figure.data[0].zmid == 0
     other_grid = {**pooled_b, "row_edges": [0, 2, 6]}
     assert (
         "different block grids"
-        in compare_figures.difference_heatmap(pooled_a, other_grid, "w", "fisher").layout.annotations[0].text
+        in compare_figures.difference_heatmap(tensor_view(pooled_a, "w"), tensor_view(other_grid, "w"))
+        .layout.annotations[0]
+        .text
     )
-    same = compare_figures.difference_heatmap(pooled_a, pooled_a, "w", "fisher")
+    same = compare_figures.difference_heatmap(tensor_view(pooled_a, "w"), tensor_view(pooled_a, "w"))
     assert "the same in A and B" in same.layout.annotations[0].text
 
 
 def test_compare_opens_the_matrix_that_changed_most(compared):
     changes = {t["name"]: abs(t["b"]["fisher"] - t["a"]["fisher"]) for t in compared["tensors"]}
     matrices = [name for name in changes if "proj" in name]
-    assert compare_figures.largest_change(compared, matrices, "fisher") == max(matrices, key=changes.get)
+    assert compare_figures.largest_change(ComparePublic.model_validate(compared), matrices, "fisher") == max(
+        matrices, key=changes.get
+    )
 
 
 def test_compare_reading_quotes_the_top_1_percent_sets(compared):
-    sentence = compare_figures.reading(compared, ("A: temperature 0.7", "B: temperature 1"))
+    sentence = compare_figures.reading(
+        ComparePublic.model_validate(compared), ("A: temperature 0.7", "B: temperature 1")
+    )
     assert sentence.startswith("A: temperature 0.7 against B: temperature 1.")
     assert "overlap by 71% (chance 1%), Jaccard 55% (chance 0.5%)" in sentence
 
 
 def test_compare_csv_holds_the_tensor_and_set_tables(compared):
-    text = exports.compare_csv(compared, ("A: temperature 0.7", "B: temperature 1"))
+    text = exports.compare_csv(
+        ComparePublic.model_validate(compared), ("A: temperature 0.7", "B: temperature 1")
+    )
     tensor_part, set_part = text.split("\n\n")
     tensor_rows = list(csv.DictReader(line for line in tensor_part.splitlines() if not line.startswith("#")))
     assert [row["name"] for row in tensor_rows] == [t["name"] for t in compared["tensors"]]
@@ -499,7 +524,7 @@ def test_response_positions_are_labelled_by_position_and_token(response_summary)
         {"id": 7, "text": "\ufffd"},
     ]
     summary["tokens"]["continuation"] = tokens
-    assert plots.response_labels(summary) == ["1: '.'", "2: ' She'", "3: '.'", "4: '\ufffd' #7"]
+    assert plots.response_labels(typed(summary)) == ["1: '.'", "2: ' She'", "3: '.'", "4: '\ufffd' #7"]
 
 
 def test_short_log_axes_are_labelled_at_1_2_5_and_long_ones_at_decades():
@@ -509,7 +534,7 @@ def test_short_log_axes_are_labelled_at_1_2_5_and_long_ones_at_decades():
 
 
 def test_mean_shift_axis_labels_every_drawn_decade(response_summary):
-    figure = s08_mean_shift.figure(response_summary, "on")
+    figure = s08_mean_shift.figure(typed(response_summary), "on")
     drawn = [value for trace in figure.data for value in trace.y if value is not None]
     ticks = figure.layout.yaxis.tickvals
     assert min(ticks) <= min(drawn) and max(ticks) >= max(drawn)
@@ -517,7 +542,7 @@ def test_mean_shift_axis_labels_every_drawn_decade(response_summary):
 
 def test_mismatch_slide_marks_every_shifted_row_by_its_shift(summary):
     """The x markers sit at |mu - p| ||h|| (sqrt of row_shift_sq), only on rows the sampler shifts."""
-    figure = s10_not_a_defect.figure(summary, "on")
+    figure = s10_not_a_defect.figure(typed(summary), "on")
     shifted = sorted(
         (t for t in summary["positions"][0]["p"]["top"] if t["p"] > 0 and t["row_shift_sq"] > 0),
         key=lambda t: t["p"],
@@ -533,7 +558,7 @@ def test_spectrum_marks_keep_their_labels_inside_the_plot(summary):
     d = len(spec["eigenvalues"])
     for rank, side in ((3, "right"), (d - 2, "left")):
         position = {**summary["positions"][0], "spectrum": {**spec, "numerical_rank": rank}}
-        figure = explorer.position_spectrum(position, 0)
+        figure = explorer.position_spectrum(PositionSummary.model_validate(position), 0)
         label = next(a for a in figure.layout.annotations if a.text.startswith("numerical rank"))
         assert label.xanchor == ("left" if side == "right" else "right")
 
@@ -597,40 +622,45 @@ def test_a_drawing_is_stale_while_a_newer_analysis_computes_or_after_a_failure()
 
 
 def test_vocabulary_rows_are_named_by_their_tokens(summary):
-    known = plots.vocabulary(summary)
+    known = plots.vocabulary(typed(summary))
     prefix = summary["tokens"]["prefix"]
     assert all(known[token["id"]] == token["text"] for token in prefix)
-    embedding = next(t for t in summary["tensors"] if plots.is_vocabulary_sized(t["shape"], summary))
+    embedding = next(t for t in summary["tensors"] if plots.is_vocabulary_sized(t["shape"], typed(summary)))
     row = prefix[0]["id"]
-    assert explorer_callbacks.coordinate([row, 7], embedding["shape"], summary, known) == (
+    assert explorer_callbacks.coordinate([row, 7], embedding["shape"], typed(summary), known) == (
         f"{plots.token_label(prefix[0]['text'])}, col 7"
     )
-    assert explorer_callbacks.coordinate([3, 7], [64, 64], summary, known) == "[3, 7]"
+    assert explorer_callbacks.coordinate([3, 7], [64, 64], typed(summary), known) == "[3, 7]"
     pooled = {
         "shape": [3, 1],
         "row_edges": [0, row, row + 1, embedding["shape"][0]],
         "col_edges": [0, embedding["shape"][1]],
         "values": [[1.0], [2.0], [0.5]],
     }
-    figure = explorer.heatmap(pooled, embedding["name"], "fisher", known)
+    figure = explorer.heatmap(tensor_view(pooled, embedding["name"]), known)
     assert plots.token_label(prefix[0]["text"]) in figure.data[0].customdata[1][0]
     assert plots.token_label(prefix[0]["text"]) in figure.layout.yaxis.ticktext
     # a block holding no token the summary knows is named by its first row's token (the API's row_tokens)
     only = {row: known[row]}
     assert (
-        explorer.heatmap(pooled, embedding["name"], "fisher", only).data[0].customdata[2][0] == "none known"
+        explorer.heatmap(tensor_view(pooled, embedding["name"]), only).data[0].customdata[2][0]
+        == "none known"
     )
     with_first = {**pooled, "row_tokens": ["!", " Paris", " tent"]}
-    named = explorer.heatmap(with_first, embedding["name"], "fisher", only)
+    named = explorer.heatmap(tensor_view(with_first, embedding["name"]), only)
     assert named.data[0].customdata[2][0] == f"from {plots.token_label(' tent')}"
     assert list(named.layout.yaxis.ticktext) == [plots.token_label(known[row])]  # ticks: known tokens only
 
 
 def test_every_layer_is_labelled(summary):
-    figure = explorer.layer_mass(summary, "on")
+    figure = explorer.layer_mass(typed(summary), "on")
     assert (figure.layout.xaxis.tickmode, figure.layout.xaxis.dtick) == ("linear", 1)
 
 
-def test_the_vocabulary_takes_the_rows_the_api_names():
-    summary = {"tokens": {"prefix": [{"id": 1, "text": "She"}]}, "vocabulary": {"7042": " Paris", "1": "x"}}
+def test_the_vocabulary_takes_the_rows_the_api_names(summary):
+    named = {
+        "tokens": {"prefix": [{"id": 1, "text": "She"}], "continuation": []},
+        "vocabulary": {"7042": " Paris", "1": "x"},
+    }
+    summary = AnalysisOverview.model_validate({**summary, **named, "positions": [], "position_index": []})
     assert plots.vocabulary(summary) == {1: "She", 7042: " Paris"}  # the summary's own text first

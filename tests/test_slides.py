@@ -10,6 +10,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
+from backend.schemas import ComparePublic, SetComparison
+from backend.summary import AnalysisOverview, AnalysisSummary, PositionSummary
 from frontend.numbers import percent as pct
 from frontend.numbers import value_and_bound
 from frontend.plots import token_label
@@ -28,6 +30,11 @@ DATA_FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2_data.json"
 @pytest.fixture(scope="module")
 def summary() -> dict:
     return json.loads(FIXTURE.read_text())
+
+
+def typed(summary: dict) -> AnalysisSummary:
+    """The summary as the dashboard holds it: checked against the wire model where it enters."""
+    return AnalysisSummary.model_validate(summary)
 
 
 def test_ten_slides_in_order():
@@ -56,7 +63,7 @@ REAL_FIXTURE = Path(__file__).parent / "fixtures" / "summary_tiny_random.json"
 @pytest.mark.parametrize("centering", ["on", "off", "raw"])
 def test_every_slide_reads_an_engine_summary(centering):
     """A summary written by workers.engine on tiny-random (prefix + continuation, no reward)."""
-    engine_summary = json.loads(REAL_FIXTURE.read_text())
+    engine_summary = typed(json.loads(REAL_FIXTURE.read_text()))
     for module in SLIDES:
         assert isinstance(module.figure(engine_summary, centering), go.Figure)
         assert len(module.reading(engine_summary, centering)) > 40, module.TITLE
@@ -67,9 +74,9 @@ RESPONSE_FIXTURE = Path(__file__).parent / "fixtures" / "summary_smollm2_respons
 
 @pytest.mark.parametrize("centering", ["on", "off", "raw"])
 def test_every_slide_draws_and_reads_its_figure(summary, centering):
-    with_response = json.loads(RESPONSE_FIXTURE.read_text())
+    with_response = typed(json.loads(RESPONSE_FIXTURE.read_text()))
     for number, module in enumerate(SLIDES, start=1):
-        summary_for_slide = with_response if number in (4, 8, 9) else summary
+        summary_for_slide = with_response if number in (4, 8, 9) else typed(summary)
         figure = module.figure(summary_for_slide, centering)
         assert isinstance(figure, go.Figure)
         assert len(figure.data) > 0
@@ -79,7 +86,7 @@ def test_every_slide_draws_and_reads_its_figure(summary, centering):
 
 def test_output_layer_reading_names_the_two_largest_rows(summary):
     rows = sorted(summary["positions"][0]["output_layer"]["rows"], key=lambda row: -row["share"])
-    sentence = s06_output_layer.reading(summary, "on")
+    sentence = s06_output_layer.reading(typed(summary), "on")
     share = rows[0]["share"] + rows[1]["share"]
     assert f"'{rows[0]['text']}' and '{rows[1]['text']}'" in sentence
     assert f"{100 * share:.0f}%" in sentence
@@ -87,7 +94,7 @@ def test_output_layer_reading_names_the_two_largest_rows(summary):
 
 def test_spectrum_reading_quotes_the_ranks(summary):
     spectrum = summary["positions"][0]["spectrum"]
-    sentence = s07_hidden_directions.reading(summary, "on")
+    sentence = s07_hidden_directions.reading(typed(summary), "on")
     assert f"numerical rank {spectrum['numerical_rank']}" in sentence
     assert f"{spectrum['effective_rank']:.1f}" in sentence
 
@@ -98,7 +105,7 @@ def test_without_reward_the_gradient_slide_says_so(summary):
         position["reward"] = None
         for token in position["p"]["top"]:
             token["reward"] = 0.0
-    assert "gradient is zero" in s02_gradient_covariance.reading(no_reward, "on")
+    assert "gradient is zero" in s02_gradient_covariance.reading(typed(no_reward), "on")
 
 
 def test_gradient_reading_sums_the_engines_rewarded_rows(summary):
@@ -106,7 +113,7 @@ def test_gradient_reading_sums_the_engines_rewarded_rows(summary):
     rewarded = [token for token in position["p"]["top"] if token["reward"] != 0]
     assert [token["text"] for token in rewarded] == [" tea"]
     (tea,) = rewarded
-    sentence = s02_gradient_covariance.reading(summary, "on")
+    sentence = s02_gradient_covariance.reading(typed(summary), "on")
     share = tea["row_fisher"] / position["output_layer"]["total"]
     assert f"The rewarded row ' tea' holds {pct(share)} of the output-layer Fisher" in sentence
     assert f"its gradient is {pct(tea['row_policy_grad'] / tea['row_bound'])} of the bound" in sentence
@@ -120,11 +127,11 @@ def test_on_policy_has_no_engine_shift(summary):
         token["mu"] = token["p"]
         token["row_fisher"] = token["row_fisher_p"]
         token["row_shift_sq"] = 0.0
-    assert "no shift" in s10_not_a_defect.reading(on_policy, "on")
+    assert "no shift" in s10_not_a_defect.reading(typed(on_policy), "on")
     # the engine's own on-policy summary: model sampler at temperature 1, engine model
     engine_on_policy = json.loads(RESPONSE_FIXTURE.read_text())
     assert engine_on_policy["sampler"]["on_policy"] is True
-    assert "no shift" in s10_not_a_defect.reading(engine_on_policy, "on")
+    assert "no shift" in s10_not_a_defect.reading(typed(engine_on_policy), "on")
 
 
 def test_a_rare_drawn_token_gets_a_full_size_update_at_near_zero_fisher(summary):
@@ -133,14 +140,14 @@ def test_a_rare_drawn_token_gets_a_full_size_update_at_near_zero_fisher(summary)
     position = summary["positions"][0]
     h_norm = math.sqrt(position["output_layer"]["h_norm_sq"])
     assert position["output_layer"]["logit_map"] is False  # g' = 1: the update is (1 - p) ||h|| exactly
-    rows = s10_not_a_defect.head_rows(summary)
+    rows = s10_not_a_defect.head_rows(typed(summary))
     for row in rows:
         assert row.update == pytest.approx((1 - row.p) * h_norm, rel=1e-9)
         assert row.sqrt_fisher == pytest.approx(math.sqrt(row.p * (1 - row.p)) * h_norm, rel=1e-6)
         assert row.ratio == pytest.approx(math.sqrt((1 - row.p) / row.p), rel=1e-6)
     rarest, likeliest = rows[0], rows[-1]
     assert rarest.ratio > 5 * likeliest.ratio  # the contrast the essay draws
-    sentence = s10_not_a_defect.reading(summary, "on")
+    sentence = s10_not_a_defect.reading(typed(summary), "on")
     assert f"{token_label(rarest.text)} (p = {rarest.p:.2g})" in sentence
     assert f"√((1−p)/p) = {math.sqrt((1 - rarest.p) / rarest.p):.3g} times" in sentence
     assert f"by {likeliest.ratio:.3g} times its own" in sentence
@@ -152,7 +159,7 @@ def test_a_rare_drawn_token_gets_a_full_size_update_at_near_zero_fisher(summary)
 
 
 def test_the_mismatch_slide_draws_log_axes_ordered_by_p(summary):
-    figure = s10_not_a_defect.figure(summary, "on")
+    figure = s10_not_a_defect.figure(typed(summary), "on")
     assert figure.layout.xaxis.type == "log" and figure.layout.yaxis.type == "log"
     update, fisher, shift = figure.data
     assert list(update.x) == sorted(update.x) and list(fisher.x) == list(update.x)
@@ -165,7 +172,7 @@ def test_the_mismatch_slide_draws_log_axes_ordered_by_p(summary):
 def test_output_layer_reading_quotes_the_bound(summary):
     output = summary["positions"][0]["output_layer"]
     outside = next(bound for bound in output["concentration_bound"] if bound["top_tokens"] == 20)
-    sentence = s06_output_layer.reading(summary, "on")
+    sentence = s06_output_layer.reading(typed(summary), "on")
     others = summary["model"]["vocab_size"] - 20
     # the share rounded down, its bound up: both 7.9% to the nearest, printed as two numbers in order
     assert pct(outside["share_outside"]) == pct(outside["bound"]) == "7.9%"
@@ -179,7 +186,7 @@ def test_output_layer_reading_with_a_null_bound_under_a_logit_map(summary):
     output["logit_map"] = True
     for bound in output["concentration_bound"]:
         bound["bound"] = None
-    sentence = s06_output_layer.reading(softcapped, "on")
+    sentence = s06_output_layer.reading(typed(softcapped), "on")
     assert "the bound is not stated for a non-linear logit map" in sentence
     assert "under the bound" not in sentence
     outside = next(bound for bound in output["concentration_bound"] if bound["top_tokens"] == 20)
@@ -192,7 +199,7 @@ def test_output_layer_reading_with_a_null_bound_under_a_one_hot_mu():
     output = data["positions"][0]["output_layer"]
     assert output["logit_map"] is False and output["total"] == 0.0
     assert all(bound["bound"] is None for bound in output["concentration_bound"])
-    sentence = s06_output_layer.reading(data, "on")
+    sentence = s06_output_layer.reading(typed(data), "on")
     assert "no output row learns" in sentence
     assert "the bound is not stated for a one-hot μ" in sentence
 
@@ -203,12 +210,12 @@ def test_every_slide_reads_the_data_sampler(centering):
     data = json.loads(DATA_FIXTURE.read_text())
     assert data["totals"]["fisher"] == 0.0
     for module in SLIDES:
-        assert isinstance(module.figure(data, centering), go.Figure)
-        assert len(module.reading(data, centering)) > 40, module.TITLE
+        assert isinstance(module.figure(typed(data), centering), go.Figure)
+        assert len(module.reading(typed(data), centering)) > 40, module.TITLE
 
 
 def test_response_slides_without_continuation_ask_for_one(summary):
-    prefix_only = {**summary, "response": None}
+    prefix_only = typed({**summary, "response": None})
     for module in SLIDES[3:4] + SLIDES[7:9]:
         assert "continuation" in module.reading(prefix_only, "on")
 
@@ -226,20 +233,22 @@ class RecordingApi:
         assert self.status is not None
         return self.status
 
-    def overview(self, analysis_id: str) -> dict:
+    def overview(self, analysis_id: str) -> AnalysisOverview:
         self.calls.append(("overview", analysis_id))
         index = [
             {"index": i, "context_length": p["context_length"], "target": p.get("target")}
             for i, p in enumerate(self.summary["positions"])
         ]
-        return {**self.summary, "positions": self.summary["positions"][:1], "position_index": index}
+        overview = {**self.summary, "positions": self.summary["positions"][:1], "position_index": index}
+        return AnalysisOverview.model_validate({**overview, "vocabulary": {}})
 
-    def position(self, analysis_id: str, index: int) -> dict:
+    def position(self, analysis_id: str, index: int) -> PositionSummary:
         self.calls.append(("position", analysis_id, index))
-        return self.summary["positions"][index]
+        return PositionSummary.model_validate(self.summary["positions"][index])
 
 
 ID_A, ID_B = "a" * 64, "b" * 64
+NO_SETS = SetComparison(q=[], overlap=[], jaccard=[], chance_overlap=[], chance_jaccard=[])
 
 
 def test_a_partial_result_draws_every_slide_and_says_what_comes_at_the_end(summary):
@@ -253,7 +262,7 @@ def test_a_partial_result_draws_every_slide_and_says_what_comes_at_the_end(summa
     from frontend.plots import PARTIAL_NOTE
     from frontend.summaries import Summaries
 
-    partial = {**summary, "concentration": None, "top_coordinates": None, "overlap": None}
+    partial = typed({**summary, "concentration": None, "top_coordinates": None, "overlap": None})
     for module in SLIDES:
         assert isinstance(module.figure(partial, "on"), go.Figure)
         assert isinstance(module.reading(partial, "on"), str)
@@ -317,12 +326,13 @@ def test_a_finished_analysis_is_read_once_per_view(summary):
     view = {"id": ID_A, "kept_share": None}
     for number in range(1, 11):
         SLIDES[number - 1].figure(summaries.summary(view), "on")
-    assert summaries.position(view, 0) == response["positions"][0]
-    assert summaries.position(view, 2) == response["positions"][2]
-    assert summaries.position(view, 2) == response["positions"][2]
+    positions = typed(response).positions
+    assert summaries.position(view, 0) == positions[0]
+    assert summaries.position(view, 2) == positions[2]
+    assert summaries.position(view, 2) == positions[2]
     assert api.calls == [("overview", ID_A), ("position", ID_A, 2)]
     entries = position_entries(summaries.summary(view))
-    assert [e["index"] for e in entries] == list(range(len(response["positions"])))
+    assert [e.index for e in entries] == list(range(len(response["positions"])))
     for other in ("c", "d", "e"):
         summaries.overview(other * 64)
     summaries.summary(view)
@@ -337,7 +347,7 @@ def test_callbacks_asking_at_once_fetch_an_overview_once(summary):
     from frontend.summaries import Summaries
 
     class SlowApi(RecordingApi):
-        def overview(self, analysis_id: str) -> dict:
+        def overview(self, analysis_id: str) -> AnalysisOverview:
             release.wait(timeout=10)
             return super().overview(analysis_id)
 
@@ -345,7 +355,7 @@ def test_callbacks_asking_at_once_fetch_an_overview_once(summary):
     api = SlowApi(summary)
     summaries = Summaries(api)
     view = {"id": ID_A, "kept_share": None}
-    answers: list[dict] = []
+    answers: list[AnalysisSummary] = []
     threads = [threading.Thread(target=lambda: answers.append(summaries.summary(view))) for _ in range(6)]
     for thread in threads:
         thread.start()
@@ -385,7 +395,7 @@ def test_a_compare_asked_before_its_top_q_sets_are_written_is_asked_again(summar
     class ComparingApi(RecordingApi):
         answers: list = []
 
-        def compare(self, a: str, b: str) -> dict:
+        def compare(self, a: str, b: str) -> ComparePublic:
             self.calls.append(("compare", a, b))
             answer = self.answers.pop(0)
             if isinstance(answer, Exception):
@@ -396,7 +406,7 @@ def test_a_compare_asked_before_its_top_q_sets_are_written_is_asked_again(summar
     done_a, done_b = {"id": ID_A, "kept_share": None}, {"id": ID_B, "kept_share": None}
     api.answers = [
         ApiError("the top-q sets are not on disk yet", 409),
-        {"a": ID_A, "b": ID_B, "sets": {}, "tensors": []},
+        ComparePublic(a=ID_A, b=ID_B, sets=NO_SETS, tensors=[]),
         ApiError("the two analyses are of models with different parameter names", 422),
     ]
     summaries = Summaries(api)
@@ -404,7 +414,7 @@ def test_a_compare_asked_before_its_top_q_sets_are_written_is_asked_again(summar
         fetch(summaries, done_a, done_b)
     assert not_yet.value.retry
     compare, overview_a, overview_b, labels = fetch(summaries, done_a, done_b)
-    assert compare["a"] == ID_A and labels == ("A", "B (the same analysis as A)")
+    assert compare.a == ID_A and labels == ("A", "B (the same analysis as A)")
     fetch(summaries, done_a, done_b)  # kept: not asked again
     assert [call for call in api.calls if call[0] == "compare"] == [("compare", ID_A, ID_B)] * 2
     with pytest.raises(NotReady) as refused:
@@ -427,11 +437,15 @@ def test_a_slide_the_analysis_cannot_fill_offers_the_essays_example(summary):
     from frontend.callbacks.slides import example_offer
 
     on_policy_response = json.loads(RESPONSE_FIXTURE.read_text())
-    wanting = {n for n in range(1, 11) if example_offer(summary, n) or example_offer(on_policy_response, n)}
+    wanting = {
+        n
+        for n in range(1, 11)
+        if example_offer(typed(summary), n) or example_offer(typed(on_policy_response), n)
+    }
     assert wanting == {2, 4, 5, 8, 9, 10}
-    assert all(not example_offer(summary, n) for n in (1, 2, 3, 5, 6, 7, 10))
-    assert all(not example_offer(on_policy_response, n) for n in (1, 3, 4, 6, 7, 8, 9))
-    link = example_offer(summary, 8)[1]
+    assert all(not example_offer(typed(summary), n) for n in (1, 2, 3, 5, 6, 7, 10))
+    assert all(not example_offer(typed(on_policy_response), n) for n in (1, 3, 4, 6, 7, 8, 9))
+    link = example_offer(typed(summary), 8)[1]
     assert link.href == f"?model={summary['model']['id']}&slide=8"
     no_reward = {**on_policy_response, "positions": [{**on_policy_response["positions"][0], "reward": None}]}
-    assert "no reward" in example_offer(no_reward, 2)[0].children
+    assert "no reward" in example_offer(typed(no_reward), 2)[0].children

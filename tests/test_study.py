@@ -224,6 +224,15 @@ TIED_VALUES = {  # few distinct values: many ties at every threshold
     "lm_head.weight": torch.tensor([[3.0, 1.0, 0.0, 2.0]]),
 }
 FRACTIONS = (0.1, 0.3, 0.5)
+HAND_MADE_MODEL = {  # what the summary records of a model (workers.studies.runner.model_meta)
+    "id": "hand-made",
+    "digest": "sha256:0",
+    "n_params": sum(v.numel() for v in TIED_VALUES.values()),
+    "d_model": 3,
+    "vocab_size": 2,
+    "architecture": "none",
+    "dtype": "float64",
+}
 
 
 def _reference_mask(values: dict[str, torch.Tensor], q: float) -> set[int]:
@@ -241,7 +250,7 @@ def _flat_members(masks: dict[str, torch.Tensor], names) -> set[int]:
 def _write_hand_made_masks(path: Path, values: dict[str, torch.Tensor]) -> None:
     part = _hand_made_part(values)
     spec = StudySpec(Sampler(), fractions=FRACTIONS, compare_at=CompareAt.none)
-    finished = finish_study(part, spec, {"id": "hand-made", "digest": "sha256:0"})
+    finished = finish_study(part, spec, HAND_MADE_MODEL)
     write_masks(path, finished, part, spec)
 
 

@@ -353,19 +353,20 @@ def test_numbers_read_back_to_their_digits() -> None:
 
 
 def test_long_studies_list_their_first_responses_and_spell_out_control_characters() -> None:
+    from backend.study_summary import ResponseRecord
     from frontend.studies.tables import MAX_RESPONSES, responses_table, visible
 
-    response = {
-        "prompt_index": 0,
-        "response_index": 0,
-        "continuation_ids": [1],
-        "text": "a\nb\x14",
-        "reward": None,
-    }
-    summary = {
-        "responses": [{**response, "totals": {"fisher": 1.0, "uncentered": 1.0}}] * (MAX_RESPONSES + 1)
-    }
-    shown = responses_table(summary, ["prompt"])
+    response = ResponseRecord(
+        prompt_index=0,
+        response_index=0,
+        seed=0,
+        input_ids=[0],
+        continuation_ids=[1],
+        text="a\nb\x14",
+        reward=None,
+        totals={"fisher": 1.0, "uncentered": 1.0},
+    )
+    shown = responses_table([response] * (MAX_RESPONSES + 1), ["prompt"])
     table, note = shown.children
     assert len(table.children[1].children) == MAX_RESPONSES
     assert (
@@ -376,14 +377,22 @@ def test_long_studies_list_their_first_responses_and_spell_out_control_character
 
 
 def test_the_study_links_to_its_prompts_in_the_dashboard() -> None:
+    from backend.study_schemas import StudyJob
+    from backend.vocabulary import Method, Sampler
     from frontend.state import parse_query as parse_dashboard_query
     from frontend.studies.links import dashboard_link
 
-    request = {
-        "model": MODEL,
-        "method": "exact",
-        "sampler": {"kind": "model", "temperature": 0.7, "top_k": 8},
-    }
+    request = StudyJob(
+        model=MODEL,
+        weights_digest="sha256:0",
+        prompts=[],
+        samples=1,
+        max_tokens=1,
+        seed=0,
+        sampler=Sampler(temperature=0.7, top_k=8),
+        method=Method(),
+        q=[0.01],
+    )
     link = dashboard_link(request, "She drank a cup of")
     assert link is not None and link.startswith("/?")
     state, errors = parse_dashboard_query(link[1:])

@@ -224,10 +224,14 @@ def test_sample_replaces_a_typed_continuation():
 
 
 def test_rewarded_candidate_chips_are_marked_with_their_value():
+    from backend.summary import AnalysisSummary, CandidateRow, NextTokens, PositionSummary
     from frontend.callbacks.state import candidate_chips
 
     top = [{"id": 1, "text": " tea", "p": 0.3}, {"id": 2, "text": " coffee", "p": 0.2}]
-    chips = candidate_chips({"positions": [{"p": {"top": top}}]}, parse_reward(" tea=1")[0])
+    # only what the chips read: the first position's likeliest tokens
+    rows = NextTokens.model_construct(top=[CandidateRow.model_construct(**token) for token in top])
+    summary = AnalysisSummary.model_construct(positions=[PositionSummary.model_construct(p=rows)])
+    chips = candidate_chips(summary, parse_reward(" tea=1")[0])
     assert [chip.className for chip in chips] == ["chip candidate rewarded", "chip candidate"]
     assert chips[0].children.endswith("= 1") and "click to remove" in chips[0].title
 

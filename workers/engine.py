@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from backend.summary import AnalysisSummary
 from backend.vocabulary import STATS, EngineKind, Method, Sampler, SamplerKind
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.model_summary import model_summary
@@ -76,6 +77,10 @@ class Analysis:
         return np.concatenate(
             [levels_at(sums.stat("fisher", name), values).reshape(-1).cpu().numpy() for name in sums.names]
         )
+
+    def typed_summary(self) -> AnalysisSummary:
+        """The summary as the typed model the API sends (``backend.summary``)."""
+        return AnalysisSummary.model_validate(self.summary)
 
     def per_parameter(self, stat: str) -> dict[str, torch.Tensor]:
         if stat not in STATS:

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from backend.analysis_records import queued_meta
 from backend.cost import estimate_cost
 from backend.disk import evict_to_budget
 from backend.export_choice import EXPORT_FIELD_PREFIX, export_record
 from backend.schemas import AnalysisJob, ExportChoice
-from backend.service import queued_meta
 from backend.settings import Settings, get_settings
 from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
 from backend.summary import checked_summary
@@ -260,7 +260,7 @@ def execute_export(
     job: AnalysisJob, store: Store, settings: Settings, pool: ModelPool | None = None
 ) -> list[Path]:
     """Recompute the analysis once and write every download choice queued in its record
-    (``backend.service.AnalysisService.export``), each to its own file; the files written."""
+    (``backend.export_requests.ExportRequests.export``), each to its own file; the files written."""
     analysis_id = job.key()
     meta = store.get_meta(analysis_id) or {}
     queued = {

@@ -29,6 +29,7 @@ from transformers import PreTrainedModel
 
 from backend.rewards import RewardKind, RewardRule
 from backend.settings import get_settings
+from backend.study_summary import StudySummary
 from backend.tokens import TokenCodec
 from backend.vocabulary import EngineKind, Method, Sampler, SamplerKind
 from workers.engine import Analysis, AnalysisRequest, run_analysis
@@ -102,6 +103,10 @@ class StudyResult:
     summary: dict
     masks: dict[float, dict[str, torch.Tensor]]
     sums: dict[str, dict[str, torch.Tensor]]
+
+    def typed_summary(self) -> StudySummary:
+        """The summary as the typed model the API sends (``backend.study_summary``)."""
+        return StudySummary.model_validate(self.summary)
 
 
 def study(

@@ -10,12 +10,12 @@ asked in between answers 409: the panel then asks again each second until it ans
 
 from __future__ import annotations
 
-from typing import Any
-
 import dash
 from dash import Input, Output, State, html
 from dash.exceptions import PreventUpdate
 
+from backend.schemas import ComparePublic, SetComparison
+from backend.summary import AnalysisOverview
 from frontend import compare_figures as figures
 from frontend.api_client import ApiClient, ApiError
 from frontend.callbacks.controls import ALL_CONTROL_IDS, message_block, state_from_controls
@@ -100,7 +100,10 @@ def both(view_a: View | None, view_b: View | None) -> tuple[str, str]:
     return view_a["id"], view_b["id"]
 
 
-def fetch(summaries: Summaries, view_a: View | None, view_b: View | None) -> tuple[dict, Any, Any, tuple]:
+Fetched = tuple[ComparePublic, AnalysisOverview, AnalysisOverview, tuple[str, str]]
+
+
+def fetch(summaries: Summaries, view_a: View | None, view_b: View | None) -> Fetched:
     """(compare, overview of A, overview of B, labels), or NotReady."""
     a, b = both(view_a, view_b)
     try:
@@ -137,17 +140,17 @@ def register_views(app: dash.Dash, summaries: Summaries) -> None:
         stat = stat_for_centering(centering or "on")
         return (
             figures.tensor_scatter(compare, stat, labels),
-            figures.sets_figure(compare["sets"]),
-            figures.next_tokens(overview_a["positions"][0], overview_b["positions"][0], labels),
-            sets_table(compare["sets"]),
+            figures.sets_figure(compare.sets),
+            figures.next_tokens(overview_a.positions[0], overview_b.positions[0], labels),
+            sets_table(compare.sets),
             figures.reading(compare, labels),
             True,
             {},
-            {"a": compare["a"], "b": compare["b"]},
+            {"a": compare.a, "b": compare.b},
         )
 
 
-def sets_table(sets: dict[str, Any]) -> html.Table:
+def sets_table(sets: SetComparison) -> html.Table:
     """The numbers of the sets figure: overlap and Jaccard at each q, each beside chance."""
     header = html.Tr(
         [html.Th(text) for text in ("top q", "overlap |A∩B|/|A|", "chance q", "Jaccard", "chance q/(2−q)")]
@@ -157,17 +160,17 @@ def sets_table(sets: dict[str, Any]) -> html.Table:
             [
                 html.Td(f"{100 * q:g}%"),
                 *(
-                    html.Td(percent(sets[key][i]))
-                    for key in ("overlap", "chance_overlap", "jaccard", "chance_jaccard")
+                    html.Td(percent(shares[i]))
+                    for shares in (sets.overlap, sets.chance_overlap, sets.jaccard, sets.chance_jaccard)
                 ),
             ]
         )
-        for i, q in enumerate(sets["q"])
+        for i, q in enumerate(sets.q)
     ]
     return html.Table([header, *rows], className="top-table compare-sets")
 
 
-def ready(summaries: Summaries, pair: dict | None) -> tuple[dict, Any, Any, tuple]:
+def ready(summaries: Summaries, pair: dict | None) -> Fetched:
     """(compare, overview of A, overview of B, labels) of a pair the panel has drawn (kept: no request)."""
     if not pair:
         raise NotReady(INVITE)
@@ -191,7 +194,7 @@ def register_matrix(app: dash.Dash, summaries: Summaries) -> None:
             compare, overview_a, _, _ = ready(summaries, pair)
         except NotReady:
             return [], None
-        matrices = [t["name"] for t in overview_a["tensors"] if len(t["shape"]) == 2]
+        matrices = [t.name for t in overview_a.tensors if len(t.shape) == 2]
         if current in matrices:
             return matrices, current
         return matrices, figures.largest_change(compare, matrices, stat_for_centering(centering or "on"))
@@ -215,7 +218,7 @@ def register_heatmap(app: dash.Dash, summaries: Summaries) -> None:
             pooled_b = summaries.pooled(pair["b"], tensor, stat)
         except ApiError as error:
             return message_figure(str(error))
-        return figures.difference_heatmap(pooled_a, pooled_b, tensor, stat)
+        return figures.difference_heatmap(pooled_a, pooled_b)
 
 
 def register_csv(app: dash.Dash, summaries: Summaries) -> None:

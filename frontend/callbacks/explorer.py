@@ -13,6 +13,7 @@ from typing import Any
 import dash
 from dash import Input, Output, State, ctx, html
 
+from backend.summary import AnalysisSummary
 from frontend import explorer
 from frontend.api_client import ApiError
 from frontend.numbers import percent
@@ -58,7 +59,7 @@ def register_summary_views(app: dash.Dash, summaries: Summaries) -> None:
             summary, why = None, str(error)
         else:
             why = NO_ANALYSIS
-        if not summary:
+        if summary is None:
             empty = message_figure(why)
             return empty, empty, [], empty
         centering = centering or "on"
@@ -84,7 +85,7 @@ def register_position_choice(app: dash.Dash, summaries: Summaries) -> None:
             summary = summaries.summary(view) if view else None
         except ApiError:
             summary = None
-        if not summary:
+        if summary is None:
             return [], 0
         options = position_options(summary)
         return options, position if isinstance(position, int) and 0 <= position < len(options) else 0
@@ -112,41 +113,39 @@ def register_position_views(app: dash.Dash, summaries: Summaries) -> None:
         return explorer.position_next_token(summary), explorer.position_spectrum(summary, index)
 
 
-def position_options(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def position_options(summary: AnalysisSummary) -> list[dict[str, Any]]:
     """One option per analysed position: the prefix's next token, then each response token."""
-    continuation = summary["tokens"].get("continuation") or []
+    continuation = summary.tokens.continuation
     options = []
     for entry in position_entries(summary):
-        index = entry["index"]
-        target = entry.get("target") or (continuation[index] if index < len(continuation) else None)
-        what = f"predicting {token_label(target['text'])}" if target else "the next token"
-        options.append(
-            {"label": f"{index + 1}: after {entry['context_length']} tokens, {what}", "value": index}
-        )
+        index = entry.index
+        target = entry.target or (continuation[index] if index < len(continuation) else None)
+        what = f"predicting {token_label(target.text)}" if target else "the next token"
+        options.append({"label": f"{index + 1}: after {entry.context_length} tokens, {what}", "value": index})
     return options
 
 
-def top_coordinates_table(summary: dict[str, Any], stat: str) -> html.Table | html.Div:
+def top_coordinates_table(summary: AnalysisSummary, stat: str) -> html.Table | html.Div:
     """The largest single coordinates of the toggle's statistic, with their share of the model total."""
-    if summary["top_coordinates"] is None:
+    if summary.top_coordinates is None:
         return html.Div("the top coordinates come with the exact result (this is a partial one)")
-    rows = summary["top_coordinates"].get(stat, [])[:TOP_COORDINATES]
+    rows = summary.top_coordinates.get(stat, [])[:TOP_COORDINATES]
+    total = summary.totals.get(stat) or 0.0
     # the engine lists only non-zero coordinates: an empty list with a zero total means all are zero
-    if not any(row["value"] for row in rows) and not summary["totals"].get(stat):
+    if not any(row.value for row in rows) and not total:
         return html.Div(f"the {STAT_LABEL.get(stat, stat)} is 0 at every coordinate here")
     if not rows:
         return html.Div(f"no top coordinates stored for {stat}")
-    total = summary["totals"].get(stat) or 0.0
-    shapes = {tensor["name"]: tensor["shape"] for tensor in summary["tensors"]}
+    shapes = {tensor.name: tensor.shape for tensor in summary.tensors}
     known = vocabulary(summary)
     header = html.Tr([html.Th("tensor"), html.Th("coordinate"), html.Th(stat), html.Th("share of total")])
     body = [
         html.Tr(
             [
-                html.Td(row["tensor"]),
-                html.Td(coordinate(row["index"], shapes.get(row["tensor"], []), summary, known)),
-                html.Td(f"{row['value']:.4g}"),
-                html.Td(percent(row["value"] / total) if total > 0 else "–"),
+                html.Td(row.tensor),
+                html.Td(coordinate(row.index, shapes.get(row.tensor, []), summary, known)),
+                html.Td(f"{row.value:.4g}"),
+                html.Td(percent(row.value / total) if total > 0 else "–"),
             ]
         )
         for row in rows
@@ -154,7 +153,7 @@ def top_coordinates_table(summary: dict[str, Any], stat: str) -> html.Table | ht
     return html.Table([header, *body], className="top-table")
 
 
-def coordinate(index: list[int], shape: list[int], summary: dict[str, Any], known: dict[int, str]) -> str:
+def coordinate(index: list[int], shape: list[int], summary: AnalysisSummary, known: dict[int, str]) -> str:
     """A coordinate as a reader names it: a vocabulary row by its token (`' coffee', col 17`), any other
     by its indices (`[3, 17]`, `[260]`)."""
     if index and is_vocabulary_sized(shape, summary):
@@ -180,7 +179,7 @@ def register_matrix_choice(app: dash.Dash, summaries: Summaries) -> None:
             summary = summaries.summary(view) if view else None
         except ApiError:
             summary = None
-        if not summary:
+        if summary is None:
             return [], None, ""
         stat = stat_for_centering(centering or "on")
         if ctx.triggered_id == "layer-graph" and layer_click:
@@ -211,19 +210,19 @@ def register_heatmap(app: dash.Dash, summaries: Summaries) -> None:
             summary = summaries.summary(view)
         except ApiError as error:
             return message_figure(str(error))
-        rows = [pooled["row_edges"][-1]]  # the matrix's rows (`shape` is the grid of blocks)
+        rows = [pooled.view.row_edges[-1]]  # the matrix's rows (the view's `shape` is the grid of blocks)
         known = vocabulary(summary) if is_vocabulary_sized(rows, summary) else None
-        return explorer.heatmap(pooled, tensor, stat, known)
+        return explorer.heatmap(pooled, known)
 
 
 MatrixChoice = tuple[list[str], str | None, str]  # (options, value, scope line)
 
 
-def is_tensor(summary: dict[str, Any], name: Any) -> bool:
-    return isinstance(name, str) and any(tensor["name"] == name for tensor in summary["tensors"])
+def is_tensor(summary: AnalysisSummary, name: Any) -> bool:
+    return isinstance(name, str) and any(tensor.name == name for tensor in summary.tensors)
 
 
-def matrices_of_layer(summary: dict[str, Any], layer: str, stat: str) -> MatrixChoice:
+def matrices_of_layer(summary: AnalysisSummary, layer: str, stat: str) -> MatrixChoice:
     """A clicked layer bar: that layer's tensors, the largest `stat` first and opened."""
     names = explorer.tensors_of_layer(summary, layer, stat)
     scope = f"layer {layer_label(int(layer) if layer.isdigit() else layer)}: "
@@ -231,14 +230,14 @@ def matrices_of_layer(summary: dict[str, Any], layer: str, stat: str) -> MatrixC
     return names, names[0] if names else None, scope + count
 
 
-def matrices_around(summary: dict[str, Any], name: str, stat: str) -> MatrixChoice:
+def matrices_around(summary: AnalysisSummary, name: str, stat: str) -> MatrixChoice:
     """A clicked tensor on slide 3: its layer's tensors, with it opened."""
-    layer = next(str(t["layer"]) for t in summary["tensors"] if t["name"] == name)
+    layer = next(str(t.layer) for t in summary.tensors if t.name == name)
     return explorer.tensors_of_layer(summary, layer, stat), name, f"opened from slide 3: {name}"
 
 
-def all_matrices(summary: dict[str, Any], stat: str) -> MatrixChoice:
+def all_matrices(summary: AnalysisSummary, stat: str) -> MatrixChoice:
     """No click: every tensor, with the one holding the largest `stat` opened."""
-    everything = [tensor["name"] for tensor in summary["tensors"]]
-    largest = max(summary["tensors"], key=lambda tensor: tensor["totals"].get(stat, 0.0))["name"]
+    everything = [tensor.name for tensor in summary.tensors]
+    largest = max(summary.tensors, key=lambda tensor: tensor.totals.get(stat) or 0.0).name
     return everything, largest, f"all {len(everything)} tensors; opened: the largest {stat}, {largest}"

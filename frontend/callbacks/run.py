@@ -19,7 +19,7 @@ from dash import Input, Output, State, ctx, html
 from dash.exceptions import PreventUpdate
 
 from backend.vocabulary import LANDING_CONTINUATION, LANDING_PREFIX
-from frontend.api_client import ApiClient, ApiError
+from frontend.api_client import ApiClient, ApiError, partial_result
 from frontend.callbacks.controls import CONTROL_IDS, message_block, state_from_controls
 from frontend.handles import (
     FAILED,
@@ -163,14 +163,14 @@ def polled(api: ApiClient, summaries: Summaries, handle: Handle) -> Handle:
     """The handle after one GET; a partial result is kept for drawing, an unreachable API is a failure."""
     try:
         body = api.analysis(handle["id"])
+        partial = partial_result(body)
     except ApiError as error:
         reason = str(error)
         if error.status == 404:  # a link's analysis, from another server or a cleared cache
             reason = f"analysis {handle['id'][:12]}… is not on this server; run it again (Run, or Compare)"
         return {**handle, "status": FAILED, "stage": "failed", "error": reason}
-    partial = body.get("partial")
-    if body.get("status") == "running" and partial:
-        summaries.remember_partial(body["id"], float(partial["kept_share"]), partial["result"])
+    if partial is not None:
+        summaries.remember_partial(body["id"], partial.kept_share, partial.result)
     return handle_from(body, handle["request"], sample=handle.get("sample"), query=handle.get("query"))
 
 

@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 import dash
 from dash import Input, Output, State, html
 
+from backend.summary import AnalysisSummary
 from frontend.api_client import ApiError
 from frontend.layout import CENTERING_LABELS
 from frontend.plots import message_figure
@@ -82,24 +83,24 @@ def centering_choices(slide: int) -> list[dict]:
     ]
 
 
-def slide_view(summary: dict | None, slide: int, centering: str, why: str = NOTHING_YET) -> tuple:
+def slide_view(summary: AnalysisSummary | None, slide: int, centering: str, why: str = NOTHING_YET) -> tuple:
     """(counter, title, claim, formula, figure, reading) of one slide; before a run, `why` instead."""
     module = SLIDES[max(1, min(N_SLIDES, slide)) - 1]
     counter = f"{slide} / {N_SLIDES}"
-    if not summary:
+    if summary is None:
         figure, reading = message_figure(why), ""
     else:
         figure, reading = module.figure(summary, centering), module.reading(summary, centering)
     return counter, module.TITLE, module.CLAIM, module.FORMULA, figure, reading
 
 
-def example_offer(summary: dict | None, slide: int) -> list:
+def example_offer(summary: AnalysisSummary | None, slide: int) -> list:
     """What this analysis lacks for the slide, and a link to the essays' example that has it (a link
     without a prefix opens the landing example; its model and this slide are kept)."""
     missing = getattr(SLIDES[max(1, min(N_SLIDES, slide)) - 1], "missing", None)
-    if not summary or missing is None or (reason := missing(summary)) is None:
+    if summary is None or missing is None or (reason := missing(summary)) is None:
         return []
-    href = "?" + urlencode({"model": summary["model"]["id"], "slide": slide})
+    href = "?" + urlencode({"model": summary.model.id, "slide": slide})
     return [
         html.Span(f"This slide teaches more than this analysis shows: {reason}. "),
         html.A("Load the essays' example", href=href, id="load-example", className="load-example"),

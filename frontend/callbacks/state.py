@@ -15,6 +15,7 @@ import dash
 from dash import ALL, Input, Output, State, ctx, html
 from dash.exceptions import PreventUpdate
 
+from backend.summary import AnalysisSummary, TokenText
 from frontend.api_client import ApiClient, ApiError
 from frontend.callbacks.controls import (
     ALL_CONTROL_IDS,
@@ -169,8 +170,7 @@ def register_token_chips(app: dash.Dash, api: ApiClient) -> None:
         except ApiError as error:
             return [html.Span(str(error), className="chip-error")]
         return [
-            html.Span(token_label(token["text"]), title=f"id {token['id']}", className="chip")
-            for token in tokens
+            html.Span(token_label(token.text), title=f"id {token.id}", className="chip") for token in tokens
         ]
 
 
@@ -207,21 +207,21 @@ def toggled(reward: dict[str, float], token: str) -> dict[str, float]:
     return {**reward, token: 1.0}
 
 
-def candidate_chips(summary: dict[str, Any], reward: dict[str, float] | None = None) -> list[Any]:
+def candidate_chips(summary: AnalysisSummary, reward: dict[str, float] | None = None) -> list[Any]:
     """The likeliest next tokens as buttons that toggle their reward; `#id` where the text is ambiguous.
     A token the reward names is marked, with its value, so the chips say what the reward is."""
-    top = summary["positions"][0]["p"]["top"][:CANDIDATES]
+    top = summary.positions[0].p.top[:CANDIDATES]
     reward = reward or {}
     chips = []
     for token, label in zip(top, unique_token_labels(top), strict=True):
-        key = token["text"] if label == token_label(token["text"]) else f"#{token['id']}"
+        key = token.text if label == token_label(token.text) else f"#{token.id}"
         value = reward.get(key)
         chips.append(
             html.Button(
                 label if value is None else f"{label} = {value:g}",
                 id={"type": "candidate", "token": key},
                 className="chip candidate" if value is None else "chip candidate rewarded",
-                title=f"p = {token['p']:.3g}: "
+                title=f"p = {token.p:.3g}: "
                 + ("click to reward" if value is None else f"reward {value:g}; click to remove"),
             )
         )
@@ -245,7 +245,7 @@ def register_continuation(app: dash.Dash, summaries: Summaries) -> None:
             summary = summaries.summary(view)
         except ApiError:
             return [], ""
-        tokens = summary["tokens"].get("continuation") or []
+        tokens = summary.tokens.continuation
         sample = handle.get("sample") if handle and handle.get("id") == view["id"] else None
         return continuation_chips(tokens), continuation_caption(len(tokens), sample)
 
@@ -261,9 +261,9 @@ def register_continuation(app: dash.Dash, summaries: Summaries) -> None:
         return None
 
 
-def continuation_chips(tokens: list[dict[str, Any]]) -> list[Any]:
+def continuation_chips(tokens: list[TokenText]) -> list[Any]:
     return [
-        html.Span(token_label(token["text"]), title=f"id {token['id']}", className="chip response-chip")
+        html.Span(token_label(token.text), title=f"id {token.id}", className="chip response-chip")
         for token in tokens
     ]
 

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.summary import AnalysisSummary, LayerTotals
 from frontend.numbers import percent
 from frontend.plots import (
     LAYOUT,
     LOG_TICKS,
     PARTIAL_NOTE,
     STAT_LABEL,
-    Summary,
     layer_label,
     message_figure,
     stat_for_centering,
+    stat_total,
 )
 
 TITLE = "1. Small is not sparse"
@@ -31,29 +30,29 @@ FORMULA = (
 CHANGES_WITH_CENTERING = True  # the figure shows the toggle's statistic
 
 
-def figure(summary: Summary, centering: str) -> go.Figure:
+def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
     """Share of the total held by the top q of coordinates, with the uniform (dense) line for reference,
     and the statistic summed per layer."""
     stat = stat_for_centering(centering)
-    if summary["concentration"] is None:
+    if summary.concentration is None:
         return message_figure(PARTIAL_NOTE)
-    curve = summary["concentration"][stat]
+    curve = summary.concentration[stat]
     fig = make_subplots(
         rows=1,
         cols=2,
         column_widths=[0.45, 0.55],
         subplot_titles=("share held by the top q of coordinates", "mass per layer"),
     )
-    fig.add_trace(go.Scatter(x=curve["q"], y=curve["share"], mode="lines", name=STAT_LABEL[stat]), 1, 1)
+    fig.add_trace(go.Scatter(x=curve.q, y=curve.share, mode="lines", name=STAT_LABEL[stat]), 1, 1)
     dense = go.Scatter(
-        x=curve["q"],
-        y=curve["q"],
+        x=curve.q,
+        y=curve.q,
         mode="lines",
         name="dense (uniform)",
         line={"dash": "dot", "color": "grey"},
     )
     fig.add_trace(dense, 1, 1)
-    fig.add_trace(layer_bars(summary["layers"], stat), 1, 2)
+    fig.add_trace(layer_bars(summary.layers, stat), 1, 2)
     fig.update_xaxes(
         type="log", title_text="top share q of coordinates (fraction)", **LOG_TICKS, row=1, col=1
     )
@@ -63,31 +62,31 @@ def figure(summary: Summary, centering: str) -> go.Figure:
     return fig
 
 
-def layer_bars(layers: list[dict[str, Any]], stat: str) -> go.Bar:
+def layer_bars(layers: list[LayerTotals], stat: str) -> go.Bar:
     """The statistic summed over each layer, as the engine reports it."""
     return go.Bar(
-        x=[layer_label(row["layer"]) for row in layers],
-        y=[row["totals"][stat] for row in layers],
+        x=[layer_label(row.layer) for row in layers],
+        y=[row.totals[stat] for row in layers],
         name=f"{stat} per layer",
         marker_color="#1f77b4",
     )
 
 
-def layer_share(summary: Summary, stat: str) -> tuple[Any, float]:
+def layer_share(summary: AnalysisSummary, stat: str) -> tuple[int | str, float]:
     """The layer holding the largest part of a statistic, and that part's share of the whole."""
-    total = sum(row["totals"][stat] for row in summary["layers"]) or 1.0
-    best = max(summary["layers"], key=lambda row: row["totals"][stat])
-    return best["layer"], best["totals"][stat] / total
+    total = sum(stat_total(row.totals, stat) for row in summary.layers) or 1.0
+    best = max(summary.layers, key=lambda row: stat_total(row.totals, stat))
+    return best.layer, stat_total(best.totals, stat) / total
 
 
-def reading(summary: Summary, centering: str) -> str:
+def reading(summary: AnalysisSummary, centering: str) -> str:
     stat = stat_for_centering(centering)
-    if summary["concentration"] is None:
+    if summary.concentration is None:
         return PARTIAL_NOTE
-    at = summary["concentration"][stat]["at"]
+    at = summary.concentration[stat].at
     layer, share = layer_share(summary, stat)
     return (
-        f"The top 1% of the model's {summary['model']['n_params']:,} coordinates hold {percent(at['0.01'])} "
+        f"The top 1% of the model's {summary.model.n_params:,} coordinates hold {percent(at['0.01'])} "
         f"of the {STAT_LABEL[stat]} (0.1% hold {percent(at['0.001'])}), against 1% if it were "
         f"spread evenly; layer {layer_label(layer)} holds the most, {percent(share)} of the total."
     )

@@ -5,8 +5,17 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.summary import AnalysisSummary, TensorTotals
 from backend.vocabulary import MODULE_KINDS
-from frontend.plots import LAYOUT, LOG_TICKS, STAT_LABEL, Summary, kind_color, layer_label, stat_for_centering
+from frontend.plots import (
+    LAYOUT,
+    LOG_TICKS,
+    STAT_LABEL,
+    kind_color,
+    layer_label,
+    stat_for_centering,
+    stat_total,
+)
 from frontend.slides.common import num
 
 TITLE = "3. One position: the Fisher is a spread of sensitivities"
@@ -22,7 +31,7 @@ FORMULA = (
 CHANGES_WITH_CENTERING = True  # the figure shows the toggle's statistic
 
 
-def figure(summary: Summary, centering: str) -> go.Figure:
+def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
     """The chosen statistic for every tensor, by layer, one trace per module kind; rho per kind.
 
     Each point carries its tensor's name (customdata): clicking it opens that matrix in the explorer.
@@ -35,19 +44,19 @@ def figure(summary: Summary, centering: str) -> go.Figure:
         subplot_titles=(f"{STAT_LABEL[stat]} per tensor", "ρ: share centering removes"),
     )
     for kind in MODULE_KINDS:
-        tensors = [t for t in summary["tensors"] if t["kind"] == kind]
+        tensors = [t for t in summary.tensors if t.kind == kind]
         if tensors:
             fig.add_trace(tensor_points(tensors, kind, stat), 1, 1)
-    kinds = summary["kinds"]
+    kinds = summary.kinds
     rho = go.Bar(
-        x=[k["kind"] for k in kinds],
-        y=[k["totals"]["rho_mean"] for k in kinds],
-        marker_color=[kind_color(k["kind"]) for k in kinds],
+        x=[k.kind for k in kinds],
+        y=[k.totals["rho_mean"] for k in kinds],
+        marker_color=[kind_color(k.kind) for k in kinds],
         showlegend=False,
         name="rho",
     )
     fig.add_trace(rho, 1, 2)
-    set_axes(fig, [layer_label(row["layer"]) for row in summary["layers"]], stat)
+    set_axes(fig, [layer_label(row.layer) for row in summary.layers], stat)
     return fig
 
 
@@ -59,12 +68,12 @@ def set_axes(fig: go.Figure, layer_labels: list[str], stat: str) -> None:
     fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.2})
 
 
-def tensor_points(tensors: list[dict], kind: str, stat: str) -> go.Scatter:
+def tensor_points(tensors: list[TensorTotals], kind: str, stat: str) -> go.Scatter:
     """One module kind's tensors as points at their layer, named in the hover and in customdata."""
     return go.Scatter(
-        x=[layer_label(t["layer"]) for t in tensors],
-        y=[t["totals"][stat] for t in tensors],
-        customdata=[t["name"] for t in tensors],
+        x=[layer_label(t.layer) for t in tensors],
+        y=[t.totals[stat] for t in tensors],
+        customdata=[t.name for t in tensors],
         mode="markers",
         name=kind,
         marker={"color": kind_color(kind), "size": 7},
@@ -72,18 +81,16 @@ def tensor_points(tensors: list[dict], kind: str, stat: str) -> go.Scatter:
     )
 
 
-def reading(summary: Summary, centering: str) -> str:
-    totals = summary["totals"]
+def reading(summary: AnalysisSummary, centering: str) -> str:
+    fisher, uncentered, raw = (stat_total(summary.totals, key) for key in ("fisher", "uncentered", "raw"))
     stat = stat_for_centering(centering)
-    most_removed = max(summary["kinds"], key=lambda k: k["totals"]["rho_mean"])
+    most_removed = max(summary.kinds, key=lambda k: stat_total(k.totals, "rho_mean"))
     raw_vs_fisher = (
-        f"{num(totals['raw'] / totals['fisher'])}× the Fisher"
-        if totals["fisher"] > 0
-        else "the Fisher under μ is 0 here: μ is one-hot"
+        f"{num(raw / fisher)}× the Fisher" if fisher > 0 else "the Fisher under μ is 0 here: μ is one-hot"
     )
     return (
         f"Shown: {STAT_LABEL[stat]}. Over the whole model the centered Fisher is "
-        f"{num(totals['fisher'])}, the uncentered second moment {num(totals['uncentered'])} and the raw "
-        f"{num(totals['raw'])} ({raw_vs_fisher}); centering removes "
-        f"the most in the {most_removed['kind']} matrices, mean ρ = {most_removed['totals']['rho_mean']:.2f}."
+        f"{num(fisher)}, the uncentered second moment {num(uncentered)} and the raw "
+        f"{num(raw)} ({raw_vs_fisher}); centering removes the most in the {most_removed.kind} matrices, "
+        f"mean ρ = {stat_total(most_removed.totals, 'rho_mean'):.2f}."
     )

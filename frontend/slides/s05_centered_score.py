@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from backend.summary import AnalysisSummary
 from frontend.numbers import percent
-from frontend.plots import LAYOUT, Summary, layer_label
+from frontend.plots import LAYOUT, layer_label, stat_total
 from frontend.slides.common import no_shift, num, sampler_settings
 
 TITLE = "5. What this needs: a centered score"
@@ -21,15 +22,15 @@ CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the t
 missing = no_shift  # what the analysis must carry for this slide to teach
 
 
-def figure(summary: Summary, centering: str) -> go.Figure:
+def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
     """Centered Fisher and the mean shift squared stacked per layer (their sum is the uncentered one)."""
-    layers = summary["layers"]
-    labels = [layer_label(row["layer"]) for row in layers]
+    layers = summary.layers
+    labels = [layer_label(row.layer) for row in layers]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=labels, y=[row["totals"]["fisher"] for row in layers], name="centered Fisher"))
+    fig.add_trace(go.Bar(x=labels, y=[row.totals["fisher"] for row in layers], name="centered Fisher"))
     shift = go.Bar(
         x=labels,
-        y=[row["totals"]["mean_shift_sq"] for row in layers],
+        y=[row.totals["mean_shift_sq"] for row in layers],
         name="mean shift² (uncentered − centered)",
         marker_color="#d62728",
     )
@@ -40,15 +41,16 @@ def figure(summary: Summary, centering: str) -> go.Figure:
     return fig
 
 
-def sampler_text(summary: Summary) -> str:
+def sampler_text(summary: AnalysisSummary) -> str:
     """`kind model, temperature 0.7, top-k 40, engine bf16`: what drew the samples."""
-    sampler = summary["sampler"]
-    return ", ".join([f"kind {sampler['kind']}", *sampler_settings(summary), f"engine {sampler['engine']}"])
+    sampler = summary.sampler
+    return ", ".join([f"kind {sampler.kind}", *sampler_settings(summary), f"engine {sampler.engine}"])
 
 
-def reading(summary: Summary, centering: str) -> str:
-    totals = summary["totals"]
-    shift, fisher = totals["mean_shift_sq"], totals["fisher"]
+def reading(summary: AnalysisSummary, centering: str) -> str:
+    shift, fisher, uncentered = (
+        stat_total(summary.totals, key) for key in ("mean_shift_sq", "fisher", "uncentered")
+    )
     if shift <= 1e-12 * max(fisher, 1e-30):
         return (
             f"With the sampler ({sampler_text(summary)}) μ = p, so the mean shift is zero and the plain "
@@ -57,7 +59,7 @@ def reading(summary: Summary, centering: str) -> str:
     if fisher <= 0:
         return (
             f"With the sampler ({sampler_text(summary)}) μ is one-hot, so the centered Fisher is 0: the "
-            f"uncentered second moment, {num(totals['uncentered'])}, is mean shift² alone."
+            f"uncentered second moment, {num(uncentered)}, is mean shift² alone."
         )
     return (
         f"With the sampler ({sampler_text(summary)}) the mean shift² adds {num(shift)} "

@@ -6,10 +6,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from backend.summary import AnalysisSummary, SftIdentity, ShiftGrowth
 from frontend.plots import (
     LAYOUT,
     LOG_TICKS,
-    Summary,
     log_tickvals,
     message_figure,
     positive_or_none,
@@ -34,23 +34,20 @@ missing = no_response  # what the analysis must carry for this slide to teach
 CORNER_NOTE = {"showarrow": False, "xref": "paper", "yref": "paper", "x": 0.02, "y": 0.98, "xanchor": "left"}
 
 
-def figure(summary: Summary, centering: str) -> go.Figure:
+def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
     """Squared accumulated mean shift against the sum of per-position terms along the response."""
-    response = summary.get("response")
-    if not response:
+    response = summary.response
+    if response is None:
         return message_figure("Add a continuation (type or Sample one) to see the mean shift accumulate.")
-    growth = response["shift_growth"]
+    growth = response.shift_growth
     labels = response_labels(summary)
     fig = go.Figure()
+    fig.add_trace(curve(labels, growth.accumulated_shift_sq, "‖Σ_t m(s_t)‖²: accumulated shift", "#d62728"))
     fig.add_trace(
-        curve(labels, growth["accumulated_shift_sq"], "‖Σ_t m(s_t)‖²: accumulated shift", "#d62728")
+        curve(labels, growth.sum_shift_sq, "Σ_t ‖m(s_t)‖²: the shifts one by one", "#ff7f0e", "dot")
     )
-    if "sum_shift_sq" in growth:
-        fig.add_trace(
-            curve(labels, growth["sum_shift_sq"], "Σ_t ‖m(s_t)‖²: the shifts one by one", "#ff7f0e", "dot")
-        )
-    if max(growth["sum_variances"], default=0.0) > 0:
-        fig.add_trace(curve(labels, growth["sum_variances"], "Σ_t Fisher under μ (centered)", "#1f77b4"))
+    if max(growth.sum_variances, default=0.0) > 0:
+        fig.add_trace(curve(labels, growth.sum_variances, "Σ_t Fisher under μ (centered)", "#1f77b4"))
     else:
         fig.add_annotation(
             text="Σ_t Fisher under μ is 0 (μ one-hot): not drawn on the log axis", **CORNER_NOTE
@@ -77,13 +74,13 @@ def curve(
     return go.Scatter(x=labels, y=positive_or_none(values), name=name, mode="lines+markers", line=line)
 
 
-def reading(summary: Summary, centering: str) -> str:
-    response = summary.get("response")
-    if not response:
+def reading(summary: AnalysisSummary, centering: str) -> str:
+    response = summary.response
+    if response is None:
         return "This analysis has no continuation: type or Sample one to see the shift accumulate."
-    growth = response["shift_growth"]
-    shift, variances = growth["accumulated_shift_sq"][-1], growth["sum_variances"][-1]
-    T = response["T"]
+    growth = response.shift_growth
+    shift, variances = growth.accumulated_shift_sq[-1], growth.sum_variances[-1]
+    T = response.T
     if variances > 0:
         sentence = (
             f"After {T} tokens the squared accumulated shift is {num(shift)} against {num(variances)} "
@@ -94,12 +91,12 @@ def reading(summary: Summary, centering: str) -> str:
             f"After {T} tokens the squared accumulated shift is {num(shift)}, all of it outside the "
             "Fisher under μ, which is 0 for a one-hot μ" + one_by_one_clause(growth, shift)
         )
-    return sentence + sft_identity_sentence(response.get("sft_identity"))
+    return sentence + sft_identity_sentence(response.sft_identity)
 
 
-def one_by_one_clause(growth: dict[str, Any], shift: float) -> str:
+def one_by_one_clause(growth: ShiftGrowth, shift: float) -> str:
     """Whether the per-position shifts add up in step or partly cancel, ending the sentence."""
-    one_by_one = (growth.get("sum_shift_sq") or [0.0])[-1]
+    one_by_one = (growth.sum_shift_sq or [0.0])[-1]
     if one_by_one <= 0:
         return "."
     how = "in step" if shift >= one_by_one else "partly cancelling"
@@ -109,13 +106,11 @@ def one_by_one_clause(growth: dict[str, Any], shift: float) -> str:
     )
 
 
-def sft_identity_sentence(identity: dict[str, Any] | None) -> str:
+def sft_identity_sentence(identity: SftIdentity | None) -> str:
     """The engine's check that the accumulated shift is the SFT gradient (data sampler only)."""
-    if not identity or identity.get("max_abs_error") is None:
+    if identity is None:
         return ""
-    relative = identity.get("relative_error")
-    scale = f", {relative:.1e} of the largest entry" if relative is not None else ""
     return (
         " With the data sampler the accumulated shift is the SFT gradient: the engine checked it to "
-        f"a max error of {identity['max_abs_error']:.1e}{scale}."
+        f"a max error of {identity.max_abs_error:.1e}, {identity.relative_error:.1e} of the largest entry."
     )

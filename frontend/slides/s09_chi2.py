@@ -13,9 +13,9 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.summary import AnalysisSummary
 from frontend.plots import (
     LAYOUT,
-    Summary,
     decade_exponents,
     decade_label,
     decade_range,
@@ -38,31 +38,41 @@ CHANGES_WITH_CENTERING = False  # draws its own fixed quantities, whatever the t
 missing = no_response  # what the analysis must carry for this slide to teach
 
 
-def figure(summary: Summary, centering: str) -> go.Figure:
+def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
     """chi^2 per position (left) and 1 + chi^2(D || pi) of the response so far (right), against the floor
     (1 + c)^t with c the smallest per-position chi^2."""
-    response = summary.get("response")
-    if not response:
+    response = summary.response
+    if response is None:
         return message_figure("Add a continuation (type or Sample one) to see the χ² signal grow.")
     labels = response_labels(summary)
-    chi2 = response["chi2"]
-    log10_running = [total / math.log(10) for total in response["log_one_plus_chi2_cum"]]
-    log10_floor = [value / math.log(10) for value in response["log_one_plus_chi2_floor"]]
+    chi2 = response.chi2
+    log10_running = in_log10(response.log_one_plus_chi2_cum)
+    log10_floor = in_log10(response.log_one_plus_chi2_floor)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(
         go.Bar(x=labels, y=positive_or_none(chi2), name="χ²_t = 1/p(y_t) − 1 (left)", marker_color="#1f77b4")
     )
-    for trace in right_traces(labels, log10_running, log10_floor, response["log_one_plus_chi2_cum"]):
+    for trace in right_traces(labels, log10_running, log10_floor, response.log_one_plus_chi2_cum):
         fig.add_trace(trace, secondary_y=True)
-    positive = [value for value in chi2 if value > 0]
-    left, right = chi2_decade_ranges(positive, log10_running + log10_floor)
+    positive = [value for value in chi2 if value is not None and value > 0]
+    left, right = chi2_decade_ranges(
+        positive, [value for value in log10_running + log10_floor if value is not None]
+    )
     set_decade_axes(fig, left, right)
     fig.update_layout(**LAYOUT, legend={"orientation": "h", "y": -0.25})
     return fig
 
 
+def in_log10(log_values: list[float | None]) -> list[float | None]:
+    """Natural logarithms in log10 units; a null (an infinite term: p(y_t) = 0) stays a gap."""
+    return [None if value is None else value / math.log(10) for value in log_values]
+
+
 def right_traces(
-    labels: list[str], log10_running: list[float], log10_floor: list[float], log_cum: list[float]
+    labels: list[str],
+    log10_running: list[float | None],
+    log10_floor: list[float | None],
+    log_cum: list[float | None],
 ) -> list[go.Scatter]:
     """The running 1 + chi^2 of the response and the floor (1 + c)^t, both in log10 units."""
     running = go.Scatter(
@@ -126,14 +136,16 @@ def set_decade_axes(fig: go.Figure, left: Range, right: Range) -> None:
     )
 
 
-def reading(summary: Summary, centering: str) -> str:
-    response = summary.get("response")
-    if not response:
+def reading(summary: AnalysisSummary, centering: str) -> str:
+    response = summary.response
+    if response is None:
         return "This analysis has no continuation: type or Sample one to see χ² per position and its product."
-    chi2 = response["chi2"]
-    log_total = response["log_one_plus_chi2_cum"][-1]
+    # a null is an infinite term (p(y_t) = 0), which the summary cannot send as a number
+    chi2 = [math.inf if value is None else value for value in response.chi2]
+    log_total = response.log_one_plus_chi2_cum[-1]
+    log_total = math.inf if log_total is None else log_total
     return (
-        f"Per position χ² runs from {num(min(chi2))} to {num(max(chi2))}; over {response['T']} tokens "
+        f"Per position χ² runs from {num(min(chi2))} to {num(max(chi2))}; over {response.T} tokens "
         f"Σ log(1+χ²) = {log_total:.2f}, so 1 + χ² ≥ {num(math.exp(log_total))} for this response "
-        f"(the (1+c)^T floor with c = {num(min(chi2))} is {num((1 + min(chi2)) ** response['T'])})."
+        f"(the (1+c)^T floor with c = {num(min(chi2))} is {num((1 + min(chi2)) ** response.T)})."
     )

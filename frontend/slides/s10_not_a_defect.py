@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from frontend.plots import LAYOUT, Summary, token_label
+from backend.summary import AnalysisSummary
+from frontend.plots import LAYOUT, token_label
 from frontend.slides.common import first_position, no_shift, sampler_settings
 
 TITLE = "10. Sparsity is not a defect"
@@ -45,28 +46,28 @@ class Row:
         return self.update / self.sqrt_fisher if self.sqrt_fisher > 0 else math.inf
 
 
-def head_rows(summary: Summary) -> list[Row]:
+def head_rows(summary: AnalysisSummary) -> list[Row]:
     """The top tokens' rows with p > 0, ordered by p (rarest first)."""
     rows = []
-    for token in first_position(summary)["p"]["top"]:
-        p = token["p"]
+    for token in first_position(summary).p.top:
+        p = token.p
         if p <= 0:
             continue
-        sqrt_fisher = math.sqrt(max(token["row_fisher_p"], 0.0))
+        sqrt_fisher = math.sqrt(max(token.row_fisher_p, 0.0))
         rows.append(
             Row(
-                text=str(token["text"]),
+                text=token.text,
                 p=p,
-                mu=token["mu"],
+                mu=token.mu,
                 update=sqrt_fisher * math.sqrt((1 - p) / p),
                 sqrt_fisher=sqrt_fisher,
-                shift=math.sqrt(max(token["row_shift_sq"], 0.0)),
+                shift=math.sqrt(max(token.row_shift_sq, 0.0)),
             )
         )
     return sorted(rows, key=lambda row: row.p)
 
 
-def figure(summary: Summary, centering: str) -> go.Figure:
+def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
     """Per-draw update and sqrt(on-policy Fisher) per row against p, log-log; the shifted rows marked."""
     rows = head_rows(summary)
     ps = [row.p for row in rows]
@@ -107,7 +108,7 @@ def figure(summary: Summary, centering: str) -> go.Figure:
     return fig
 
 
-def reading(summary: Summary, centering: str) -> str:
+def reading(summary: AnalysisSummary, centering: str) -> str:
     drawn = [row for row in head_rows(summary) if row.mu > 0]
     if not drawn:
         return "No row of the top tokens is drawn by this sampler, so no row receives a per-draw update."
@@ -117,7 +118,7 @@ def reading(summary: Summary, centering: str) -> str:
             f"{contrast_sentence(drawn)} Here μ = p exactly (engine model, no temperature or truncation), "
             "so there is no shift to inject; switch the engine to bf16 to see the mismatch."
         )
-    why = ", ".join([f"engine {summary['sampler']['engine']}", *sampler_settings(summary)])
+    why = ", ".join([f"engine {summary.sampler.engine}", *sampler_settings(summary)])
     over = sum(1 for row in shifted if row.mu > row.p)
     return (
         f"{contrast_sentence(drawn)} The sampler ({why}) shifts {len(shifted)} of these {len(drawn)} "

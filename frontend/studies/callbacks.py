@@ -99,7 +99,7 @@ def register_submit(app: dash.Dash, client: StudyClient) -> None:
             answer = client.submit(body)
         except ApiError as error:
             return dash.no_update, message_block([f"the API refused the study: {error}"])
-        return {"id": answer["id"], "asked": time.time()}, []
+        return {"id": answer.id, "asked": time.time()}, []
 
 
 def register_tracking(app: dash.Dash, client: StudyClient) -> None:

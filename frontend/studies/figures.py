@@ -1,4 +1,4 @@
-"""The study page's figures: pure functions of a finished study's summary (its JSON, as the API sends it).
+"""The study page's figures: pure functions of a finished study's typed summary (``StudySummary``).
 
 Why each share sits beside a baseline: a mask that holds 40% of its coordinates in one layer says
 something only next to that layer's share of all parameters (where a random mask of the same density
@@ -7,10 +7,10 @@ would put 40% too), and an estimator's top-q overlap with the exact mask only ne
 
 from __future__ import annotations
 
-from typing import Any
-
 import plotly.graph_objects as go
 
+from backend.study_schemas import StudyMaskView
+from backend.study_summary import EstimatorComparison, Estimators, GroupMaskShare, ResponseRecord
 from frontend.numbers import percent
 from frontend.studies.form import density_label
 
@@ -38,19 +38,19 @@ def _layout(figure: go.Figure, title: str, height: int = 320) -> go.Figure:
     return figure
 
 
-def mask_groups_figure(rows: list[dict[str, Any]], n_params: int, q: float, by: str) -> go.Figure:
+def mask_groups_figure(rows: list[GroupMaskShare], n_params: int, q: float, by: str) -> go.Figure:
     """The top-q mask's share per group (layer or module kind) beside the group's share of parameters."""
-    groups = [str(row["group"]) for row in rows]
+    groups = [row.group for row in rows]
     hover = [
-        f"{row['count']:,} of the mask's coordinates; {row['size']:,} parameters; "
-        f"{percent(row['density'], 3)} of the group is in the mask (q = {density_label(q)})"
+        f"{row.count:,} of the mask's coordinates; {row.size:,} parameters; "
+        f"{percent(row.density, 3)} of the group is in the mask (q = {density_label(q)})"
         for row in rows
     ]
     figure = go.Figure(
         [
             go.Bar(
                 x=groups,
-                y=[row["share_of_mask"] for row in rows],
+                y=[row.share_of_mask for row in rows],
                 name=f"share of the top-{density_label(q)} mask",
                 marker_color=MASK_COLOR,
                 hovertext=hover,
@@ -58,7 +58,7 @@ def mask_groups_figure(rows: list[dict[str, Any]], n_params: int, q: float, by: 
             ),
             go.Bar(
                 x=groups,
-                y=[row["size"] / n_params if n_params else 0.0 for row in rows],
+                y=[row.size / n_params if n_params else 0.0 for row in rows],
                 name="share of all parameters",
                 marker_color=PARAMS_COLOR,
                 hovertemplate="%{x}: %{y:.2%} of the parameters<extra></extra>",
@@ -71,19 +71,23 @@ def mask_groups_figure(rows: list[dict[str, Any]], n_params: int, q: float, by: 
     return figure
 
 
-def estimator_overlap_figure(estimators: dict[str, Any]) -> go.Figure:
+def estimator(estimators: Estimators, key: str) -> EstimatorComparison:
+    """The entry of ``key`` (a key of ESTIMATOR_NAMES)."""
+    return estimators.mc_fisher if key == "mc_fisher" else estimators.empirical_fisher
+
+
+def estimator_overlap_figure(estimators: Estimators) -> go.Figure:
     """Each estimator's top-q set against the exact F's (overlap |A n B| / |A|), beside chance (q)."""
     figure = go.Figure()
     fractions: list[float] = []
     for key, name in ESTIMATOR_NAMES.items():
-        entry = estimators.get(key) or {}
-        if not entry.get("available"):
+        compared = estimator(estimators, key).top_q_vs_fisher
+        if compared is None:
             continue
-        compared = entry["top_q_vs_fisher"]
-        fractions = compared["q"]
+        fractions = compared.q
         figure.add_bar(
-            x=[density_label(q) for q in compared["q"]],
-            y=compared["overlap"],
+            x=[density_label(q) for q in compared.q],
+            y=compared.overlap,
             name=LEGEND_NAMES[key],
             marker_color=ESTIMATOR_COLORS[key],
             hovertemplate=f"{name}, top %{{x}}: %{{y:.2%}} of its set is in the exact F's<extra></extra>",
@@ -103,17 +107,17 @@ def estimator_overlap_figure(estimators: dict[str, Any]) -> go.Figure:
     return figure
 
 
-def response_fisher_figure(responses: list[dict[str, Any]], rewarded: bool) -> go.Figure:
+def response_fisher_figure(responses: list[ResponseRecord], rewarded: bool) -> go.Figure:
     """Each response's Fisher total (sum over its positions), coloured by its reward when there is one."""
     figure = go.Figure()
     for reward, color in REWARD_COLORS.items():
-        chosen = [r for r in responses if _reward_key(r.get("reward")) == reward]
+        chosen = [r for r in responses if _reward_key(r.reward) == reward]
         if not chosen:
             continue
         name = "responses" if reward is None else f"reward {reward:g}"
         figure.add_bar(
             x=[response_label(r) for r in chosen],
-            y=[r["totals"]["fisher"] for r in chosen],
+            y=[r.totals["fisher"] for r in chosen],
             name=name,
             marker_color=color,
             hovertemplate="%{x}: F = %{y:.4g}<extra></extra>",
@@ -127,21 +131,21 @@ def response_fisher_figure(responses: list[dict[str, Any]], rewarded: bool) -> g
     return figure
 
 
-def response_label(response: dict[str, Any]) -> str:
-    return f"P{response['prompt_index'] + 1}·R{response['response_index'] + 1}"
+def response_label(response: ResponseRecord) -> str:
+    return f"P{response.prompt_index + 1}·R{response.response_index + 1}"
 
 
 def _reward_key(reward: float | None) -> float | None:
     return None if reward is None else float(reward >= 0.5)
 
 
-def mask_heatmap_figure(view: dict[str, Any]) -> go.Figure:
+def mask_heatmap_figure(view: StudyMaskView) -> go.Figure:
     """One parameter's top-q mask inside the matrix: the share of each block's coordinates in the mask,
     on a colour scale that starts at 0 (white) and whose middle is q (what a random mask would give)."""
-    pooled, q = view["view"], float(view["q"])
-    rows, cols = pooled["row_edges"], pooled["col_edges"]
+    pooled, q = view.view, float(view.q)
+    rows, cols = pooled.row_edges, pooled.col_edges
     density, hover = [], []
-    for i, counts in enumerate(pooled["values"]):
+    for i, counts in enumerate(pooled.values):
         size_r = rows[i + 1] - rows[i]
         density_row, hover_row = [], []
         for j, count in enumerate(counts):
@@ -167,11 +171,11 @@ def mask_heatmap_figure(view: dict[str, Any]) -> go.Figure:
             hovertemplate="%{text}<br>%{z:.2%} of the block (q = " + f"{q:.2%}" + ")<extra></extra>",
         )
     )
-    shape = " × ".join(str(n) for n in view["shape"])
-    share = view["count"] / view["size"] if view["size"] else 0.0
-    count = f"{view['count']:,} in the top-{density_label(q)} mask"
-    title = f"{view['tensor']} [{shape}]: {count} ({percent(share, 3)} of it)"
+    shape = " × ".join(str(n) for n in view.shape)
+    share = view.count / view.size if view.size else 0.0
+    held = f"{view.count:,} in the top-{density_label(q)} mask"
+    title = f"{view.tensor} [{shape}]: {held} ({percent(share, 3)} of it)"
     _layout(figure, title, height=420)
-    figure.update_yaxes(autorange="reversed", title="row (output)" if len(view["shape"]) > 1 else "")
-    figure.update_xaxes(title="column (input)" if len(view["shape"]) > 1 else "coordinate")
+    figure.update_yaxes(autorange="reversed", title="row (output)" if len(view.shape) > 1 else "")
+    figure.update_xaxes(title="column (input)" if len(view.shape) > 1 else "coordinate")
     return figure

@@ -6,26 +6,25 @@ the study's model, sampler and method as the dashboard reads them, and nothing h
 
 from __future__ import annotations
 
-from typing import Any
-
+from backend.study_schemas import StudyJob
 from frontend.state import DashboardState, to_query
 
 DASHBOARD_PATH = "/"
 
 
-def dashboard_link(request: dict[str, Any], prompt: str | None) -> str | None:
+def dashboard_link(request: StudyJob, prompt: str | None) -> str | None:
     """The dashboard's analysis of ``prompt`` as a prefix under the study's model and sampler."""
     if not prompt:
         return None
-    sampler = request.get("sampler") or {}
+    sampler = request.sampler
     state = DashboardState(
-        model=request["model"],
+        model=request.model,
         prefix=prompt,
-        temperature=float(sampler.get("temperature", 1.0)),
-        top_k=sampler.get("top_k"),
-        top_p=float(sampler.get("top_p", 1.0)),
-        engine=sampler.get("engine") or "model",
-        sampler=sampler.get("kind") or "model",
-        method=request.get("method") or "exact",
+        temperature=sampler.temperature,
+        top_k=sampler.top_k,
+        top_p=sampler.top_p,
+        engine=sampler.engine.value,
+        sampler=sampler.kind.value,
+        method=str(request.method),
     )
     return DASHBOARD_PATH + to_query(state)

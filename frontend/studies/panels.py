@@ -12,6 +12,7 @@ from typing import Any
 
 from dash import html
 
+from backend.study_summary import StudySummary
 from frontend.studies.tables import num, pct
 
 RUNNING_NOTE = (
@@ -28,49 +29,47 @@ def duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def describe_request(summary: dict[str, Any]) -> str:
+def describe_request(summary: StudySummary) -> str:
     """One line: model, prompts x K responses of at most L tokens, sampler, method, reward."""
-    spec, counts, model = summary["spec"], summary["counts"], summary["model"]
-    sampler = spec["sampler"]
-    parts = [f"T = {sampler['temperature']:g}"]
-    if sampler.get("top_k"):
-        parts.append(f"top-k {sampler['top_k']}")
-    if sampler.get("top_p", 1.0) < 1.0:
-        parts.append(f"top-p {sampler['top_p']:g}")
-    if sampler.get("engine") not in (None, "model"):
-        parts.append(f"{sampler['engine']} engine")
-    on_policy = "on policy" if sampler.get("on_policy") else "off policy"
-    reward = spec.get("reward")
+    spec, counts, model = summary.spec, summary.counts, summary.model
+    sampler = spec.sampler
+    parts = [f"T = {sampler.temperature:g}"]
+    if sampler.top_k:
+        parts.append(f"top-k {sampler.top_k}")
+    if sampler.top_p < 1.0:
+        parts.append(f"top-p {sampler.top_p:g}")
+    if sampler.engine != "model":
+        parts.append(f"{sampler.engine} engine")
+    on_policy = "on policy" if sampler.on_policy else "off policy"
+    reward = spec.reward
     if reward is None:
         rewarded = "no reward"
-    elif reward["kind"] == "regex":
+    elif reward.kind == "regex":
         rewarded = (
-            f"reward: 1 where the regex {reward['pattern']} matches the response ({{target}} = the target)"
+            f"reward: 1 where the regex {reward.pattern} matches the response ({{target}} = the target)"
         )
     else:
         rewarded = "reward: 1 where the response equals the target"
     return (
-        f"{model['id']} ({model['n_params']:,} parameters) · {counts['prompts']} prompts × K = "
-        f"{spec['samples']} responses of at most L = {spec['max_tokens']} tokens, seed {spec['seed']} · "
-        f"sampler {sampler['kind']} ({', '.join(parts)}; {on_policy}) · method {spec['method']} · {rewarded}"
+        f"{model.id} ({model.n_params:,} parameters) · {counts.prompts} prompts × K = "
+        f"{spec.samples} responses of at most L = {spec.max_tokens} tokens, seed {spec.seed} · "
+        f"sampler {sampler.kind} ({', '.join(parts)}; {on_policy}) · method {spec.method} · {rewarded}"
     )
 
 
-def overview(study: dict[str, Any], masks_url: str) -> list[Any]:
-    """The finished study's id, request, totals, time, and the masks download."""
-    summary = study["summary"]
-    counts, totals = summary["counts"], summary["totals"]
-    timing = summary.get("timing") or {}
+def overview(summary: StudySummary, masks_url: str) -> list[Any]:
+    """The finished study's request, totals, time, and the masks download."""
+    counts, totals, timing = summary.counts, summary.totals, summary.timing
     spent = ", ".join(f"{STAGES.get(stage, stage)} {duration(s)}" for stage, s in timing.items())
     return [
         html.Div(describe_request(summary), className="request-line"),
         html.Div(
             [
                 "Total Fisher F = ",
-                html.B(num(totals["fisher"]), id="total-fisher"),
-                f" per response: the sum over its positions and all {counts['n_params']:,} parameters, "
-                f"averaged over the {counts['responses']} responses ({counts['positions']} positions, "
-                f"{counts['distinct_contexts']} distinct contexts)"
+                html.B(num(totals.fisher), id="total-fisher"),
+                f" per response: the sum over its positions and all {counts.n_params:,} parameters, "
+                f"averaged over the {counts.responses} responses ({counts.positions} positions, "
+                f"{counts.distinct_contexts} distinct contexts)"
                 + (f" · time spent: {spent}." if spent else "."),
             ],
             className="totals-line",
@@ -133,10 +132,11 @@ def part_bar(part: dict[str, Any]) -> html.Div:
     )
 
 
-def paper_panel(summary: dict[str, Any]) -> list[Any]:
+def paper_panel(summary: StudySummary) -> list[Any]:
     """The paper's two statistics, as this model's values."""
-    paper, model = summary["paper"], summary["model"]["id"]
-    label = (paper.get("fisher_vs_policy_gradient") or paper.get("model_vs_uniform") or {}).get("label")
+    paper, model = summary.paper, summary.model.id
+    labelled = paper.fisher_vs_policy_gradient or paper.model_vs_uniform
+    label = labelled.label if labelled else None
     return [
         html.P(
             f"Same statistics as the paper, computed on THIS model ({model}) with these prompts, responses "
@@ -155,9 +155,9 @@ def card(title: str, value: str, value_id: str, lines: list[Any]) -> html.Div:
     )
 
 
-def gradient_card(summary: dict[str, Any]) -> html.Div:
+def gradient_card(summary: StudySummary) -> html.Div:
     title = "Top 1% by Fisher vs top 1% by |policy gradient|"
-    stat = summary["paper"].get("fisher_vs_policy_gradient")
+    stat = summary.paper.fisher_vs_policy_gradient
     if stat is None:
         return card(
             title,
@@ -165,43 +165,43 @@ def gradient_card(summary: dict[str, Any]) -> html.Div:
             "paper-overlap",
             ["This study has no reward: choose exact or regex (every prompt with a target) to compute it."],
         )
-    n = summary["counts"]["prompts"]
+    n = summary.counts.prompts
     lines: list[Any] = [
-        f"mean reward {num(stat.get('mean_reward'))}; {stat['prompts_with_reward_variance']} of {n} prompts "
+        f"mean reward {num(stat.mean_reward)}; {stat.prompts_with_reward_variance} of {n} prompts "
         "have responses that differ in reward (only those contribute to the gradient)."
     ]
-    if stat.get("overlap") is None:
-        lines.insert(0, f"Not defined here: {stat.get('reason', 'no gradient')}.")
+    if stat.overlap is None:
+        lines.insert(0, f"Not defined here: {stat.reason or 'no gradient'}.")
         value = "—"
     else:
-        value = pct(stat["overlap"])
+        value = pct(stat.overlap)
         lines.insert(
             0,
-            f"overlap of the two top-1% sets, this model; chance {pct(stat['chance_overlap'])}; Jaccard "
-            f"{pct(stat['jaccard'])} (chance {pct(stat['chance_jaccard'])}).",
+            f"overlap of the two top-1% sets, this model; chance {pct(stat.chance_overlap)}; Jaccard "
+            f"{pct(stat.jaccard)} (chance {pct(stat.chance_jaccard)}).",
         )
     lines.append(
-        html.Span(f"The paper: {stat['paper_value']} (another model and setup).", className="paper-value")
+        html.Span(f"The paper: {stat.paper_value} (another model and setup).", className="paper-value")
     )
     return card(title, value, "paper-overlap", lines)
 
 
-def uniform_card(summary: dict[str, Any]) -> html.Div:
+def uniform_card(summary: StudySummary) -> html.Div:
     title = "Total Fisher under the model / under the uniform sampler"
-    stat = summary["paper"].get("model_vs_uniform")
+    stat = summary.paper.model_vs_uniform
     if stat is None:
         return card(title, "—", "paper-ratio", ["Not computed for this study."])
     lines: list[Any] = [
-        f"F under the model {num(stat['fisher_model'])}, under the uniform sampler "
-        f"{num(stat['fisher_uniform'])}, summed at the {summary['counts']['prompts']} prompts (the first "
+        f"F under the model {num(stat.fisher_model)}, under the uniform sampler "
+        f"{num(stat.fisher_uniform)}, summed at the {summary.counts.prompts} prompts (the first "
         "position of their responses), this model."
     ]
-    if not summary["spec"]["sampler"].get("on_policy"):
+    if not summary.spec.sampler.on_policy:
         lines.append(
-            f"Under this study's sampler / uniform: {num(stat['ratio_sampler_to_uniform'])} "
-            f"(F = {num(stat['fisher_sampler'])})."
+            f"Under this study's sampler / uniform: {num(stat.ratio_sampler_to_uniform)} "
+            f"(F = {num(stat.fisher_sampler)})."
         )
     lines.append(
-        html.Span(f"The paper: {stat['paper_value']} (another model and setup).", className="paper-value")
+        html.Span(f"The paper: {stat.paper_value} (another model and setup).", className="paper-value")
     )
-    return card(title, num(stat["ratio_model_to_uniform"]), "paper-ratio", lines)
+    return card(title, num(stat.ratio_model_to_uniform), "paper-ratio", lines)

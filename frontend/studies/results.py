@@ -13,11 +13,14 @@ import dash
 from dash import ALL, Input, Output, State, ctx, html
 from dash.exceptions import PreventUpdate
 
+from backend.study_schemas import StudyPublic
+from backend.study_summary import Estimators, StudySummary
 from frontend.api_client import ApiError
 from frontend.plots import message_figure
 from frontend.studies.client import StudyClient
 from frontend.studies.figures import (
     ESTIMATOR_NAMES,
+    estimator,
     estimator_overlap_figure,
     mask_groups_figure,
     mask_heatmap_figure,
@@ -66,8 +69,9 @@ def register(app: dash.Dash, client: StudyClient) -> None:
     register_sort(app)
 
 
-def finished(client: StudyClient, status: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The finished study the status names, or None while it is not done (or no longer readable)."""
+def finished(client: StudyClient, status: dict[str, Any] | None) -> tuple[StudyPublic, StudySummary] | None:
+    """The finished study the status names and its summary, or None while it is not done (or no longer
+    readable)."""
     if not status or status.get("status") != "done":
         return None
     try:
@@ -98,32 +102,32 @@ def register_study(app: dash.Dash, client: StudyClient) -> None:
         tensor: str | None,
         link_tensor: str | None,
     ):
-        study = finished(client, status)
-        if study is None:
+        found = finished(client, status)
+        if found is None:
             return [HIDDEN] + [dash.no_update] * (len(DRAWN) + 4)
-        summary = study["summary"]
+        study, summary = found
         texts = client.prompt_texts(study, parse_prompts(prompts or "")[0])
-        rewarded = summary["spec"].get("reward") is not None
-        on_policy = bool(summary["spec"]["sampler"].get("on_policy"))
-        keys = list(summary["masks"]["by_q"])
+        rewarded = summary.spec.reward is not None
+        on_policy = summary.spec.sampler.on_policy
+        keys = list(summary.masks.by_q)
         options = [{"label": density_label(float(key)), "value": key} for key in keys]
         chosen = view_q if view_q in keys else (PAPER_Q if PAPER_Q in keys else keys[0])
-        tensors = summary["masks"]["by_q"][chosen]["tensors"]
-        names = [row["name"] for row in tensors]
-        densest = max(tensors, key=lambda row: row["count"])["name"] if tensors else None
+        tensors = summary.masks.by_q[chosen].tensors
+        names = [row.name for row in tensors]
+        densest = max(tensors, key=lambda row: row.count).name if tensors else None
         drawn = next((name for name in (tensor, link_tensor) if name in names), densest)
         return [
             SHOWN,
-            overview(study, client.masks_url(study["id"])),
-            response_fisher_figure(summary["responses"][:MAX_RESPONSES], rewarded),
+            overview(summary, client.masks_url(study.id)),
+            response_fisher_figure(summary.responses[:MAX_RESPONSES], rewarded),
             [
-                prompts_table(summary, texts, [dashboard_link(study["request"], text) for text in texts]),
+                prompts_table(summary, texts, [dashboard_link(study.request, text) for text in texts]),
                 html.Div(PROMPTS_NOTE, className="control-hint"),
             ],
-            responses_table(summary, texts),
-            estimator_overlap_figure(summary["estimators"]),
-            estimator_notes(summary["estimators"]),
-            estimator_table(summary["estimators"], on_policy),
+            responses_table(summary.responses, texts),
+            estimator_overlap_figure(summary.estimators),
+            estimator_notes(summary.estimators),
+            estimator_table(summary.estimators, on_policy),
             paper_panel(summary),
             options,
             chosen,
@@ -132,7 +136,7 @@ def register_study(app: dash.Dash, client: StudyClient) -> None:
         ]
 
 
-def estimator_notes(estimators: dict[str, Any]) -> list[Any]:
+def estimator_notes(estimators: Estimators) -> list[Any]:
     """What the estimators are and how they are scored."""
     notes: list[Any] = [
         html.P(
@@ -142,7 +146,7 @@ def estimator_notes(estimators: dict[str, Any]) -> list[Any]:
         )
     ]
     for key, name in ESTIMATOR_NAMES.items():
-        definition = (estimators.get(key) or {}).get("definition")
+        definition = estimator(estimators, key).definition
         if definition:
             notes.append(html.P([html.B(name), ": ", definition.split(": ", 1)[-1]]))
     return notes
@@ -159,21 +163,21 @@ def register_masks(app: dash.Dash, client: StudyClient) -> None:
         Input("status", "data"),
     )
     def draw_masks(view_q: str | None, sort: dict[str, Any] | None, status: dict[str, Any] | None):
-        study = finished(client, status)
-        if study is None or not view_q or view_q not in study["summary"]["masks"]["by_q"]:
+        found = finished(client, status)
+        if found is None or not view_q or view_q not in found[1].masks.by_q:
             raise PreventUpdate
-        summary = study["summary"]
-        shares = summary["masks"]["by_q"][view_q]
-        q, n_params = float(shares["q"]), summary["counts"]["n_params"]
+        summary = found[1]
+        shares = summary.masks.by_q[view_q]
+        q, n_params = shares.q, summary.counts.n_params
         caption = (
-            f"The top {density_label(q)} mask holds {shares['count']:,} of the {n_params:,} coordinates (F ≥ "
-            f"{num(shares['threshold'])}). Red: its share per group; grey: the group's share of all "
+            f"The top {density_label(q)} mask holds {shares.count:,} of the {n_params:,} coordinates (F ≥ "
+            f"{num(shares.threshold)}). Red: its share per group; grey: the group's share of all "
             "parameters, where a random mask of the same density would put it. Per tensor below: a column "
             "heading sorts; density / q above 1 means the mask is denser there than overall."
         )
         return (
-            mask_groups_figure(shares["layers"], n_params, q, "layer"),
-            mask_groups_figure(shares["kinds"], n_params, q, "module kind"),
+            mask_groups_figure(shares.layers, n_params, q, "layer"),
+            mask_groups_figure(shares.kinds, n_params, q, "module kind"),
             caption,
             tensor_table(shares, q, sort or DEFAULT_SORT),
         )
@@ -187,11 +191,11 @@ def register_heatmap(app: dash.Dash, client: StudyClient) -> None:
         Input("status", "data"),
     )
     def draw_heatmap(tensor: str | None, view_q: str | None, status: dict[str, Any] | None):
-        study = finished(client, status)
-        if study is None or not tensor or not view_q:
+        found = finished(client, status)
+        if found is None or not tensor or not view_q:
             raise PreventUpdate
         try:
-            view = client.mask_view(study["id"], tensor, float(view_q), HEATMAP_ROWS, HEATMAP_COLS)
+            view = client.mask_view(found[0].id, tensor, float(view_q), HEATMAP_ROWS, HEATMAP_COLS)
         except ApiError as error:
             return message_figure(f"The mask of {tensor} cannot be drawn: {error}")
         return mask_heatmap_figure(view)
@@ -204,9 +208,10 @@ def register_compare(app: dash.Dash, client: StudyClient) -> None:
         Input("status", "data"),
     )
     def draw_comparison(text: str | None, status: dict[str, Any] | None):
-        study = finished(client, status)
-        if study is None:
+        found = finished(client, status)
+        if found is None:
             raise PreventUpdate
+        study_id = found[0].id
         if not (text or "").strip():
             return []
         other = study_id_in(text)
@@ -216,13 +221,13 @@ def register_compare(app: dash.Dash, client: StudyClient) -> None:
                 className="message",
             )
         try:
-            compared = client.compare(study["id"], other)
+            compared = client.compare(study_id, other)
         except ApiError as error:
             return html.Div(f"These two studies cannot be compared: {error}", className="message")
         return [
-            comparison_table(compared, study["id"], other),
+            comparison_table(compared, study_id, other),
             html.Div(
-                f"Both of {compared['model']}; the masks are cut at the densities both studies chose.",
+                f"Both of {compared.model}; the masks are cut at the densities both studies chose.",
                 className="control-hint",
             ),
         ]

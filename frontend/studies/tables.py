@@ -1,4 +1,4 @@
-"""The study page's tables and number panels: pure functions of a finished study (the API's JSON).
+"""The study page's tables and number panels: pure functions of a finished study's typed summary.
 
 Why tables beside the figures: a reader quotes numbers (an overlap, a relative error), so every number
 a figure draws is also written out, in the same format the figures' hovers use.
@@ -12,8 +12,10 @@ from typing import Any
 
 from dash import html
 
+from backend.study_schemas import StudyMaskComparison
+from backend.study_summary import Estimators, MaskAtDensity, ResponseRecord, StudySummary, TopSetComparison
 from frontend.numbers import percent
-from frontend.studies.figures import ESTIMATOR_NAMES
+from frontend.studies.figures import ESTIMATOR_NAMES, estimator
 from frontend.studies.form import density_label
 
 TENSOR_COLUMNS = (  # key, heading, how a cell reads
@@ -79,22 +81,22 @@ def prompt_cell(index: int, texts: Sequence[str | None], links: Sequence[str | N
 
 
 def prompts_table(
-    summary: dict[str, Any], texts: Sequence[str | None], links: Sequence[str | None] = ()
+    summary: StudySummary, texts: Sequence[str | None], links: Sequence[str | None] = ()
 ) -> html.Table:
     """Per prompt: its target, tokens, rewards, its responses' Fisher, and F under model and uniform;
     ``links`` open each prompt's own analysis in the dashboard."""
     rows = []
-    for p in summary["prompts"]:
-        compared = p.get("compared") or {}
+    for p in summary.prompts:
+        compared = p.compared
         ratio = compared["model"] / compared["uniform"] if compared.get("uniform") else None
-        rewards = p.get("rewards")
+        rewards = p.rewards
         rows.append(
             [
-                prompt_cell(p["prompt_index"], texts, links),
-                html.Td(html.Span(visible(p["target"]), className="text") if p.get("target") else "—"),
-                html.Td(p["n_tokens"], className="n"),
+                prompt_cell(p.prompt_index, texts, links),
+                html.Td(html.Span(visible(p.target), className="text") if p.target else "—"),
+                html.Td(p.n_tokens, className="n"),
                 html.Td("—" if rewards is None else ", ".join(f"{r:g}" for r in rewards), className="n"),
-                html.Td(num(p["totals"]["fisher"]), className="n"),
+                html.Td(num(p.totals["fisher"]), className="n"),
                 html.Td(num(compared.get("model")), className="n"),
                 html.Td(num(compared.get("uniform")), className="n"),
                 html.Td(num(ratio), className="n"),
@@ -113,41 +115,40 @@ def prompts_table(
     return table(headings, rows, "prompts-table")
 
 
-def responses_table(summary: dict[str, Any], texts: Sequence[str | None]) -> html.Table | html.Div:
+def responses_table(responses: list[ResponseRecord], texts: Sequence[str | None]) -> html.Table | html.Div:
     """The sampled responses (the first MAX_RESPONSES): text, length, reward, Fisher total (sum over its
     positions)."""
-    responses = summary["responses"][:MAX_RESPONSES]
-    off_policy = any(abs(r["totals"]["uncentered"] - r["totals"]["fisher"]) > 1e-9 for r in responses)
+    shown_responses = responses[:MAX_RESPONSES]
+    off_policy = any(abs(r.totals["uncentered"] - r.totals["fisher"]) > 1e-9 for r in shown_responses)
     rows = []
-    for r in responses:
+    for r in shown_responses:
         cells = [
-            prompt_cell(r["prompt_index"], texts),
-            html.Td(f"R{r['response_index'] + 1}", className="n"),
-            html.Td(
-                html.Span(visible(r["text"]), className="text", title=f"token ids {r['continuation_ids']}")
-            ),
-            html.Td(len(r["continuation_ids"]), className="n"),
-            html.Td("—" if r.get("reward") is None else f"{r['reward']:g}", className="n"),
-            html.Td(num(r["totals"]["fisher"]), className="n fisher-total"),
+            prompt_cell(r.prompt_index, texts),
+            html.Td(f"R{r.response_index + 1}", className="n"),
+            html.Td(html.Span(visible(r.text), className="text", title=f"token ids {r.continuation_ids}")),
+            html.Td(len(r.continuation_ids), className="n"),
+            html.Td("—" if r.reward is None else f"{r.reward:g}", className="n"),
+            html.Td(num(r.totals["fisher"]), className="n fisher-total"),
         ]
         if off_policy:
-            cells.append(html.Td(num(r["totals"]["uncentered"]), className="n"))
+            cells.append(html.Td(num(r.totals["uncentered"]), className="n"))
         rows.append(cells)
     headings = ["prompt", "response", "text (decoded)", "tokens", "reward", "F (sum over positions)"]
     shown = table(headings + (["U (uncentered)"] if off_policy else []), rows, "responses-table")
-    if len(summary["responses"]) <= MAX_RESPONSES:
+    if len(responses) <= MAX_RESPONSES:
         return shown
-    more = f"the first {MAX_RESPONSES} of {len(summary['responses'])} responses; all are in the API's summary"
+    more = f"the first {MAX_RESPONSES} of {len(responses)} responses; all are in the API's summary"
     return html.Div([shown, html.Div(more, className="control-hint")])
 
 
-def tensor_rows(shares: dict[str, Any], q: float, sort: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = [{**row, "enrichment": row["density"] / q} for row in shares["tensors"]]
-    column = sort.get("column") if sort.get("column") in dict(TENSOR_COLUMNS) else DEFAULT_SORT["column"]
+def tensor_rows(shares: MaskAtDensity, q: float, sort: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [{**row.model_dump(), "enrichment": row.density / q} for row in shares.tensors]
+    asked = str(sort.get("column"))
+    column = asked if asked in dict(TENSOR_COLUMNS) else str(DEFAULT_SORT["column"])
     return sorted(rows, key=lambda row: row[column], reverse=bool(sort.get("descending", True)))
 
 
-def tensor_table(shares: dict[str, Any], q: float, sort: dict[str, Any]) -> html.Table:
+def tensor_table(shares: MaskAtDensity, q: float, sort: dict[str, Any]) -> html.Table:
     """The mask per tensor, sortable by any column (a click on a heading sorts; a second reverses)."""
     column = sort.get("column", DEFAULT_SORT["column"])
     arrow = " ▼" if sort.get("descending", True) else " ▲"
@@ -174,35 +175,28 @@ def tensor_table(shares: dict[str, Any], q: float, sort: dict[str, Any]) -> html
     return table(headings, rows, "tensor-table", "sortable")
 
 
-def estimator_table(estimators: dict[str, Any], on_policy: bool) -> html.Table:
+def estimator_table(estimators: Estimators, on_policy: bool) -> html.Table:
     """MC and empirical Fisher against the exact F: relative L2 error, top-q overlap and Jaccard (each
     beside chance); and the two estimators' sets against each other."""
+    entries = {key: estimator(estimators, key) for key in ESTIMATOR_NAMES}
     fractions: list[float] = next(
-        (
-            e["top_q_vs_fisher"]["q"]
-            for e in estimators.values()
-            if isinstance(e, dict) and e.get("available")
-        ),
-        [],
+        (e.top_q_vs_fisher.q for e in entries.values() if e.available and e.top_q_vs_fisher), []
     )
     rows = []
     for key, name in ESTIMATOR_NAMES.items():
-        entry = estimators.get(key) or {}
-        if not entry.get("available"):
-            reason = entry.get("reason", "not computed")
+        entry = entries[key]
+        if not entry.available or entry.top_q_vs_fisher is None:
+            reason = entry.reason or "not computed"
             rows.append([html.Td(name), html.Td(f"not available: {reason}", colSpan=3 + len(fractions))])
             continue
         unit = "responses" if key == "mc_fisher" else "targets"
-        cells = [
-            html.Td(name, title=entry.get("definition")),
-            html.Td(f"{entry['count']} {unit}", className="n"),
-        ]
-        cells.append(html.Td(num(entry["relative_l2_vs_fisher"]), className="n rel-l2"))
+        cells = [html.Td(name, title=entry.definition), html.Td(f"{entry.count} {unit}", className="n")]
+        cells.append(html.Td(num(entry.relative_l2_vs_fisher), className="n rel-l2"))
         if not on_policy:
-            cells.append(html.Td(num(entry["relative_l2_vs_uncentered"]), className="n"))
-        cells += overlap_cells(entry["top_q_vs_fisher"])
+            cells.append(html.Td(num(entry.relative_l2_vs_uncentered), className="n"))
+        cells += overlap_cells(entry.top_q_vs_fisher)
         rows.append(cells)
-    between = estimators.get("mc_vs_empirical")
+    between = estimators.mc_vs_empirical
     if between:
         blank = [html.Td("—", className="n")] * (1 if on_policy else 2)
         rows.append(
@@ -214,7 +208,7 @@ def estimator_table(estimators: dict[str, Any], on_policy: bool) -> html.Table:
     return table(headings, rows, "estimator-table")
 
 
-def overlap_cells(compared: dict[str, Any]) -> list[html.Td]:
+def overlap_cells(compared: TopSetComparison) -> list[html.Td]:
     """Per density: 'overlap (chance) · Jaccard (chance)'."""
     return [
         html.Td(
@@ -228,16 +222,12 @@ def overlap_cells(compared: dict[str, Any]) -> list[html.Td]:
             className="n",
         )
         for o, co, j, cj in zip(
-            compared["overlap"],
-            compared["chance_overlap"],
-            compared["jaccard"],
-            compared["chance_jaccard"],
-            strict=True,
+            compared.overlap, compared.chance_overlap, compared.jaccard, compared.chance_jaccard, strict=True
         )
     ]
 
 
-def comparison_table(compared: dict[str, Any], a: str, b: str) -> html.Table:
+def comparison_table(compared: StudyMaskComparison, a: str, b: str) -> html.Table:
     """Two studies' masks per density: overlap and Jaccard beside chance, and how many times chance."""
     rows = [
         [
@@ -249,11 +239,11 @@ def comparison_table(compared: dict[str, Any], a: str, b: str) -> html.Table:
             html.Td(pct(cj), className="n chance"),
         ]
         for q, o, co, j, cj in zip(
-            compared["q"],
-            compared["overlap"],
-            compared["chance_overlap"],
-            compared["jaccard"],
-            compared["chance_jaccard"],
+            compared.q,
+            compared.overlap,
+            compared.chance_overlap,
+            compared.jaccard,
+            compared.chance_jaccard,
             strict=True,
         )
     ]

@@ -190,7 +190,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from workers.studies.runner import model_meta
     from workers.studies.summary import finish_study
 
-    finished = finish_study(part, spec, model_meta(loaded), cost.to_dict())
+    finished = finish_study(part, spec, model_meta(loaded), cost.model_dump())
     with atomic_outputs(outputs) as temporaries:
         write_masks(temporaries[0], finished, part, spec)
         write_summary(temporaries[1], finished.summary)

@@ -1,122 +1,22 @@
 """What the dashboard reads of the whole model: totals per tensor, layer and kind, concentration
 curves, top coordinates and the top-q overlap of Fisher and policy gradient.
 
-Two passes over the tensors: pass 1 takes totals, histograms (``concentration``) and the top
-candidates of stats without a curve; pass 2 keeps only the values in the boundary bins, for the exact
-named shares per tensor (Fisher) and over the model, and the top coordinates of the curve stats. On the
-CPU the totals (the Fisher, the uncentered and raw Fisher, a sum of squares, rho) come from one pass
-over a tensor's stored arrays and its histograms from another, each reading the arrays once for every
-stat that is a sum of them; a stat that has to be formed is formed once per pass. A light summary (a
-partial result's) takes the totals only: the same sums, so a partial's totals are the final ones'.
+Two passes over the tensors: pass 1 (``model_totals``) takes totals, histograms (``concentration``)
+and the top candidates of stats without a curve; pass 2 (``model_boundary``) keeps only the values in
+the boundary bins, for the exact named shares per tensor (Fisher) and over the model, and the top
+coordinates of the curve stats. A light summary (a partial result's) takes the totals only: the same
+sums, so a partial's totals are the final ones'.
 """
 
 from __future__ import annotations
 
-import math
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
 import torch
 
-from backend.vocabulary import SIGNED_STATS
-from workers.fisher import cpu_kernels
-from workers.fisher.concentration import (
-    NAMED_FRACTIONS,
-    BinChoice,
-    Histogram,
-    Selection,
-    Stat,
-    Threshold,
-    concentration_curve,
-    histogram,
-    histograms_in_one_pass,
-    merge,
-    plan_thresholds,
-    plans_of,
-    select_in_one_pass,
-    totals_in_one_pass,
-)
-from workers.fisher.grouping import layer_of, module_kind
-from workers.fisher.stats import MomentSums, each_tensor, square_total
-from workers.fisher.top_sets import (
-    TOP_STATS,
-    Candidate,
-    fisher_levels_at,
-    overlap,
-    top_bin,
-    top_candidates,
-    top_coordinates,
-)
-
-# the totals a stat contributes: (key in "totals", summed as a square)
-_TOTALS = {
-    "fisher": ("fisher", False),
-    "uncentered": ("uncentered", False),
-    "raw": ("raw", False),
-    "mean_shift": ("mean_shift_sq", True),
-    "common": ("common_sq", True),
-}
-_REWARD_TOTALS = {"policy_grad": ("policy_grad_sq", True), "bound": ("bound", False)}
-
-
-@dataclass
-class _First:
-    """What the first pass finds in one tensor."""
-
-    totals: dict[str, float]
-    hists: dict[str, Histogram]  # per curve stat
-    candidates: dict[str, list[Candidate]]  # per top stat without a curve
-
-
-@dataclass
-class _Joint:
-    """What the passes over a tensor's stored arrays find (``_ModelPass._joint``)."""
-
-    hists: dict[str, Histogram]  # per curve stat that is a sum of stored arrays (a full summary's)
-    totals: dict[str, float]  # per binned stat that is a sum of stored arrays: the values it bins, summed
-    squares: dict[str, float]  # a stat whose totals are its float64 sum of squares
-    rho_mean: float | None  # None: not taken
-
-
-_Result = TypeVar("_Result")
-
-
-@dataclass
-class _Group:
-    """Totals of a set of tensors (a layer, a kind, the model); rho is carried as a size-weighted sum."""
-
-    numel: int = 0
-    totals: dict[str, float] = field(default_factory=dict)
-
-    def add(self, totals: dict[str, float], numel: int) -> None:
-        self.numel += numel
-        for key, value in totals.items():
-            self.totals[key] = self.totals.get(key, 0.0) + (value * numel if key == "rho_mean" else value)
-
-    def finished(self) -> dict[str, float]:
-        totals = dict(self.totals)
-        if "rho_mean" in totals and self.numel:
-            totals["rho_mean"] /= self.numel
-        return totals
-
-
-def _distinct_stats(sums: MomentSums, stats: tuple[str, ...]) -> list[str]:
-    """Stats that need their own computation: no alias of another, not zero by construction."""
-    out: list[str] = []
-    for stat in stats:
-        if not sums.identically_zero(stat) and sums.alias(stat) not in out:
-            out.append(sums.alias(stat))
-    return out
-
-
-def _shares(hist: Histogram, named: list[Threshold]) -> dict[str, float]:
-    total = hist.total
-    return {
-        f"{q:g}": (t.top_sum / total if total > 0 else 0.0)
-        for q, t in zip(NAMED_FRACTIONS, named, strict=True)
-    }
+from workers.fisher.concentration import NAMED_FRACTIONS, Histogram, Threshold, concentration_curve
+from workers.fisher.model_boundary import BoundaryPass, named_shares
+from workers.fisher.model_totals import TotalsPass
+from workers.fisher.stats import MomentSums
+from workers.fisher.top_sets import fisher_levels_at, overlap, top_coordinates
 
 
 def _curve(hist: Histogram, named: list[Threshold]) -> dict:
@@ -124,293 +24,9 @@ def _curve(hist: Histogram, named: list[Threshold]) -> dict:
     return {
         "q": qs,
         "share": curve,
-        "at": _shares(hist, named),
+        "at": named_shares(hist, named),
         "thresholds": {f"{q:g}": t.value for q, t in zip(NAMED_FRACTIONS, named, strict=True)},
     }
-
-
-class _ModelPass:
-    """State shared by the two passes of ``model_summary``."""
-
-    def __init__(
-        self,
-        sums: MomentSums,
-        head_name: str,
-        embedding_name: str,
-        curve_stats: tuple[str, ...],
-        light: bool = False,
-    ):
-        self.sums = sums
-        self.head_name, self.embedding_name = head_name, embedding_name
-        # the curve stats' totals are the float64 sums of the values they bin, light or not (a partial's
-        # totals are the final ones'); only a full summary bins them, for curves and a second pass
-        self.binned = _distinct_stats(sums, curve_stats)
-        self.curve = [] if light else self.binned
-        self.top_stats = [] if light else _distinct_stats(sums, TOP_STATS)
-        self.tensors: list[dict[str, Any]] = []
-        self.layers: dict[int | str, _Group] = {}
-        self.kinds: dict[str, _Group] = {}
-        self.model = _Group()
-        self.hists: dict[str, dict[str, Histogram]] = {stat: {} for stat in self.curve}
-        self.candidates: dict[str, list[Candidate]] = {stat: [] for stat in self.top_stats}
-        self.totals_of = dict(_TOTALS, **(_REWARD_TOTALS if sums.has_reward else {}))
-        # every stat that is formed: the curves', the top coordinates' and the totals'; a stat equal to
-        # another by construction is formed once, for all of them, and one zero by construction not at all
-        self.formed = _distinct_stats(sums, (*self.binned, *self.top_stats, *self.totals_of))
-        self.aliases = {stat: [s for s in self.totals_of if sums.alias(s) == stat] for stat in self.formed}
-        self.total_keys = [key for key, _ in _TOTALS.values()] + ["rho_mean"]
-        self.total_keys += [key for key, _ in _REWARD_TOTALS.values()] if sums.has_reward else []
-        self.largest = max((math.prod(shape) for shape in sums.shapes.values()), default=0)
-        self.local = threading.local()  # each thread's scratch buffer
-        self.taken: list[torch.Tensor] = []
-        self.taken_lock = threading.Lock()
-        self._nothing = torch.empty(0, dtype=sums.dtype, device=sums.device)  # a stat not read
-
-    @property
-    def scratch(self) -> torch.Tensor:
-        """This thread's buffer for formed stats (tensors are summarized in threads), taken once."""
-        buffer = getattr(self.local, "scratch", None)
-        if buffer is None:
-            buffer = self.local.scratch = _scratch.take(self.largest, self.sums.dtype, self.sums.device)
-            with self.taken_lock:
-                self.taken.append(buffer)
-        return buffer
-
-    def release(self) -> None:
-        for buffer in self.taken:
-            _scratch.give(buffer)
-        self.taken.clear()
-
-    def each_tensor(self, work: Callable[[str], _Result], names: list[str]) -> list[_Result]:
-        return each_tensor(self.sums, work, names)
-
-    def first(self, name: str) -> _First:
-        """Totals, histograms and (for stats without a curve) top candidates of one tensor.
-
-        On the CPU the curve stats' totals and histograms, one squared total and rho's mean come from
-        the arrays they share, each read once for the totals and once for the histograms (``_joint``).
-        Any other stat is formed once, into this thread's scratch buffer, and everything it feeds is
-        taken from it before the next one is formed. Reads only: ``record_first`` keeps the result.
-        """
-        sums = self.sums
-        joint = self._joint(name) if cpu_kernels.compiled_for(sums.device) else _Joint({}, {}, {}, None)
-        found: dict[str, float] = {}
-        hists: dict[str, Histogram] = dict(joint.hists)
-        candidates: dict[str, list[Candidate]] = {}
-        for stat in self.formed:
-            if stat in self.binned:
-                # its totals: the float64 sum of the values it bins, the same with a histogram or without
-                # (a light summary's); its top coordinates are found in the second pass
-                total = joint.totals.get(stat)
-                if total is None:  # formed: raw at one position off the policy, or off the CPU
-                    value = self._stat(stat, name)
-                    if cpu_kernels.compiled_for(sums.device):
-                        (total,), _, _ = totals_in_one_pass([value])
-                    if stat in self.curve or total is None:
-                        hists[stat] = histogram([value])
-                        total = hists[stat].total if total is None else total
-                for alias in self.aliases[stat]:
-                    found[self.totals_of[alias][0]] = total
-                continue
-            if stat in joint.squares:
-                for alias in self.aliases[stat]:
-                    found[self.totals_of[alias][0]] = joint.squares[stat]
-                continue
-            value = sums.stat(stat, name, out=self.scratch)
-            for alias in self.aliases[stat]:
-                key, squared = self.totals_of[alias]
-                found[key] = self._total(value, squared)
-            if stat in self.top_stats:
-                candidates[stat] = top_candidates(name, value, stat in SIGNED_STATS)
-        found["rho_mean"] = self._rho_mean(name) if joint.rho_mean is None else joint.rho_mean
-        # the order of the contract's totals; a stat zero by construction was never formed: 0
-        totals = {key: found.get(key, 0.0) for key in self.total_keys}
-        return _First(totals, {stat: hists[stat] for stat in self.curve}, candidates)
-
-    def _joint(self, name: str) -> _Joint:
-        """The passes of ``first`` on the CPU: the totals of the binned stats that are sums of stored
-        arrays, of the first stat whose totals are only a sum of squares of a stored array, and rho's
-        mean; then the histograms of the curve stats among them (a full summary's)."""
-        sums = self.sums
-        binned = {stat: terms for stat in self.binned if (terms := sums.terms(stat, name)) is not None}
-        squared = next(
-            (
-                stat
-                for stat in self.formed
-                if stat not in self.binned
-                and stat not in self.top_stats
-                and self.aliases[stat]
-                and all(self.totals_of[alias][1] for alias in self.aliases[stat])
-                and (terms := sums.terms(stat, name)) is not None
-                and terms.extra is None
-            ),
-            None,
-        )
-        rho = sums.rho_terms(name)
-        totals, square_sum, share_sum = totals_in_one_pass(
-            list(binned.values()), None if squared is None else sums.stat(squared, name), rho
-        )
-        curve = [stat for stat in binned if stat in self.curve]
-        size = math.prod(sums.shapes[name])
-        return _Joint(
-            dict(zip(curve, histograms_in_one_pass([binned[stat] for stat in curve]), strict=True)),
-            dict(zip(binned, totals, strict=True)),
-            {} if squared is None else {squared: square_sum},
-            share_sum / size if size else 0.0,
-        )
-
-    def record_first(self, name: str, first: _First) -> None:
-        """Keep one tensor's first-pass results (tensors in order: sums are summed in that order)."""
-        sums = self.sums
-        for stat, hist in first.hists.items():
-            self.hists[stat][name] = hist
-        for stat, found in first.candidates.items():
-            self.candidates[stat].extend(found)
-        numel = math.prod(sums.shapes[name])
-        kind = module_kind(name, self.head_name, self.embedding_name)
-        layer = layer_of(name, self.embedding_name)
-        shape = list(sums.shapes[name])
-        self.tensors.append(
-            {
-                "name": name,
-                "layer": layer,
-                "kind": kind,
-                "shape": shape,
-                "numel": numel,
-                "totals": first.totals,
-                "concentration": None,  # the Fisher's named shares in it: a full summary's second pass
-            }
-        )
-        for group in (
-            self.layers.setdefault(layer, _Group()),
-            self.kinds.setdefault(kind, _Group()),
-            self.model,
-        ):
-            group.add(first.totals, numel)
-
-    def _stat(self, stat: str, name: str) -> Stat:
-        """The stat's terms where it is a sum of stored arrays, else the stat formed in the scratch."""
-        terms = self.sums.terms(stat, name)
-        return terms if terms is not None else self.sums.stat(stat, name, out=self.scratch)
-
-    def _rho_mean(self, name: str) -> float:
-        """Off the CPU (on it, ``_joint`` takes rho's mean in its pass)."""
-        return float(self.sums.stat("rho", name, out=self.scratch).mean())
-
-    @staticmethod
-    def _total(value: torch.Tensor, squared: bool) -> float:
-        return square_total([value]) if squared else float(value.sum())
-
-    def groups(self) -> dict:
-        return {
-            "totals": self.model.finished(),
-            "tensors": self.tensors,
-            "layers": [
-                {"layer": k, "numel": g.numel, "totals": g.finished()} for k, g in self.layers.items()
-            ],
-            "kinds": [{"kind": k, "numel": g.numel, "totals": g.finished()} for k, g in self.kinds.items()],
-        }
-
-    def second(self) -> dict[str, list[Threshold]]:
-        """Exact named shares (model and, for the Fisher, per tensor) and the curve stats' top candidates."""
-        model_hists = {stat: merge(self.hists[stat].values()) for stat in self.curve}
-        self.model_plans = {stat: plan_thresholds(model_hists[stat], NAMED_FRACTIONS) for stat in self.curve}
-        # the bin of the model's TOP_COORDINATES-th largest value: everything at or above it is a candidate
-        self.top_bin = {stat: top_bin(model_hists[stat]) for stat in self.curve}
-        names = [entry["name"] for entry in self.tensors]
-        # planned for all tensors at once, before the threads (numpy's per-call cost, not the bins, was
-        # most of a plan's time): the Fisher's per tensor plans (none when it is identically zero: shares
-        # 0), and the bins each tensor's pass reads
-        fisher = [self.hists["fisher"][name] for name in names] if "fisher" in self.hists else []
-        self.tensor_plans = dict(zip(names, plans_of(fisher, NAMED_FRACTIONS), strict=bool(fisher)))
-        self.choices = {
-            stat: dict(
-                zip(
-                    names,
-                    BinChoice.each(
-                        [self.hists[stat][name] for name in names],
-                        [self._wanted(stat, name) for name in names],
-                        self.top_bin[stat],  # everything at or above it: the candidates
-                    ),
-                    strict=True,
-                )
-            )
-            for stat in self.curve
-        }
-        members: dict[str, dict[int, list[torch.Tensor]]] = {stat: {} for stat in self.curve}
-        found = self.each_tensor(self._second_of, names)
-        for entry, (selected, candidates, concentration) in zip(self.tensors, found, strict=True):
-            entry["concentration"] = concentration
-            for stat in self.curve:
-                for b, values in selected[stat].items():
-                    members[stat].setdefault(b, []).append(values)
-            for stat, more in candidates.items():
-                self.candidates[stat].extend(more)
-        self.model_hists = model_hists
-        return {stat: self.model_plans[stat].finish(members[stat]) for stat in self.curve}
-
-    def _wanted(self, stat: str, name: str) -> set[int]:
-        """The boundary bins a tensor's pass reads of a curve stat: the model's, and the Fisher's own."""
-        plan = self.tensor_plans.get(name) if stat == "fisher" else None
-        return self.model_plans[stat].bins | (plan.bins if plan else set())
-
-    def _second_of(self, name: str) -> tuple[dict[str, dict[int, torch.Tensor]], dict, dict]:
-        """One tensor's boundary-bin values per curve stat, its top candidates and (for the Fisher) its
-        exact named shares. Reads only: ``second`` combines the tensors' results in order."""
-        tensor_plan = self.tensor_plans.get(name)
-        concentration = {"fisher": {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}}
-        selected: dict[str, dict[int, torch.Tensor]] = {}
-        candidates: dict[str, list[Candidate]] = {}
-        choices = {stat: self.choices[stat][name] for stat in self.curve}
-        for stat, selection in self._selections(name, choices).items():
-            boundary = {b: selection.of(b) for b in self.model_plans[stat].bins}
-            selected[stat] = {b: values for b, values in boundary.items() if values.numel()}
-            if stat in self.candidates:
-                index, values = selection.at_or_above(self.top_bin[stat])
-                candidates[stat] = [
-                    (v, name, i, v) for i, v in zip(index.tolist(), values.tolist(), strict=True)
-                ]
-            if stat == "fisher" and tensor_plan is not None:
-                mine = {b: [selection.of(b)] for b in tensor_plan.bins}
-                concentration = {"fisher": _shares(self.hists["fisher"][name], tensor_plan.finish(mine))}
-        return selected, candidates, concentration
-
-    def _selections(self, name: str, choices: dict[str, BinChoice]) -> dict[str, Selection]:
-        """Each curve stat's chosen values of one tensor: the stats that are sums of stored arrays in one
-        pass, any other formed in the scratch in turn (a tensor with none chosen is not formed)."""
-        stored = {stat: terms for stat in choices if (terms := self.sums.terms(stat, name)) is not None}
-        found = dict(
-            zip(stored, select_in_one_pass(list(stored.values()), [choices[s] for s in stored]), strict=True)
-        )
-        for stat, choice in choices.items():
-            if stat not in found:
-                found[stat] = choice.select(self._stat(stat, name) if choice.size else self._nothing)
-        return {stat: found[stat] for stat in choices}
-
-
-class _ScratchPool:
-    """The summary's buffer, kept between summaries: one buffer the size of the largest tensor costs
-    as much in first-touch page faults as the summary's arithmetic on some machines. A buffer is taken
-    out while a summary uses it, so concurrent summaries never share one."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.free: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-
-    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        with self.lock:
-            free = self.free.get((dtype, torch.device(device)), [])
-            buffer = free.pop() if free else None
-        if buffer is None or buffer.numel() < numel:
-            buffer = torch.empty(numel, dtype=dtype, device=device)
-        return buffer
-
-    def give(self, buffer: torch.Tensor) -> None:
-        with self.lock:
-            self.free.setdefault((buffer.dtype, buffer.device), []).append(buffer)
-
-
-_scratch = _ScratchPool()
 
 
 def _zero_curve() -> dict:
@@ -427,20 +43,21 @@ def model_summary(
     ``light``: totals only (one pass; no histogram kept): concentration, top coordinates and overlap are
     null. What a partial result can afford after each chunk of directions.
     """
-    work = _ModelPass(sums, head_name, embedding_name, curve_stats, light)
+    work = TotalsPass(sums, head_name, embedding_name, curve_stats, light)
     try:
         return _summarize(work, sums, curve_stats, light)
     finally:
         work.release()
 
 
-def _summarize(work: _ModelPass, sums: MomentSums, curve_stats: tuple[str, ...], light: bool) -> dict:
+def _summarize(work: TotalsPass, sums: MomentSums, curve_stats: tuple[str, ...], light: bool) -> dict:
     for name, first in zip(sums.names, work.each_tensor(work.first, sums.names), strict=True):
         work.record_first(name, first)
     if light:
         return {**work.groups(), "concentration": None, "top_coordinates": None, "overlap": None}
-    named = work.second()
-    concentration = {stat: _curve(work.model_hists[stat], named[stat]) for stat in work.curve}
+    boundary = BoundaryPass(work)
+    named = boundary.named()
+    concentration = {stat: _curve(boundary.model_hists[stat], named[stat]) for stat in work.curve}
     for stat in curve_stats:
         alias = sums.alias(stat)
         concentration.setdefault(stat, concentration[alias] if alias in concentration else _zero_curve())

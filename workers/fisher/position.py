@@ -26,6 +26,7 @@ from workers.fisher.capture import (
 )
 from workers.fisher.covariance import OutputCovariance, output_covariance
 from workers.fisher.directions import (
+    ChunkCallback,
     DirectionResults,
     EmbeddingRowProbe,
     LinearGroup,
@@ -149,29 +150,62 @@ def position_moments(
     position = capture.length - 1
     h = capture.hidden[position].detach()
     jacobian = logit_jacobian(capture, position, head_rows(model))
-    on_policy = inputs.on_policy
     table_rows = looked_up_rows(capture, layout.head_name) if layout.tied else []
-
-    cov_mu = output_covariance(jacobian, inputs.mu)
-    cov_p = cov_mu if on_policy else output_covariance(jacobian, inputs.p)
-    plans = {"fisher": second_moment_plan(inputs.mu, cov_mu, jacobian, table_rows, method)}
-    if not on_policy:
-        plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
+    cov_mu, cov_p, plans = _fisher_plans(inputs, jacobian, table_rows, method)
 
     squares = [SquareGroup(name, plan.vectors, plan.weights) for name, plan in plans.items()]
     linears = [LinearGroup("kbar_mu", cov_mu.mean_row)]
-    if not on_policy:
+    if not inputs.on_policy:
         linears.append(LinearGroup("kbar_p", cov_p.mean_row))
-    reward_mean = reward_std = None
-    centered_reward = None
-    if inputs.reward is not None:
-        reward_mean = float(inputs.mu @ inputs.reward)
-        centered_reward = inputs.reward - reward_mean
-        reward_std = float((inputs.mu @ centered_reward.square()).sqrt())
-        linears.append(LinearGroup("policy_grad", jacobian.combine(inputs.mu * centered_reward)))
+    reward_mean, reward_std, policy_grad = _reward_direction(inputs, jacobian)
+    if policy_grad is not None:
+        linears.append(policy_grad)
+    probes = _tied_row_probes(layout, plans)
+    build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, cov_p, reward_mean, reward_std)
+    results = backprop_directions(
+        capture,
+        position,
+        squares,
+        linears,
+        probes,
+        memory_budget_bytes=memory_budget_bytes,
+        progress=progress,
+        on_chunk=None if on_partial is None else _partial_per_chunk(plans["fisher"], build, on_partial),
+    )
+    return build(results)
+
+
+def _fisher_plans(
+    inputs: PositionInputs, jacobian: LogitJacobian, table_rows: list[int], method: Method
+) -> tuple[OutputCovariance, OutputCovariance, dict[str, SecondMomentPlan]]:
+    """C_mu and C_p (the same on-policy), and the directions of each Fisher: ``fisher`` under mu and,
+    off-policy, ``fisher_p`` under p."""
+    cov_mu = output_covariance(jacobian, inputs.mu)
+    cov_p = cov_mu if inputs.on_policy else output_covariance(jacobian, inputs.p)
+    plans = {"fisher": second_moment_plan(inputs.mu, cov_mu, jacobian, table_rows, method)}
+    if not inputs.on_policy:
+        plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
+    return cov_mu, cov_p, plans
+
+
+def _reward_direction(
+    inputs: PositionInputs, jacobian: LogitJacobian
+) -> tuple[float | None, float | None, LinearGroup | None]:
+    """The reward's mean and standard deviation under mu, and the policy gradient's direction
+    g = sum_a mu_a (r_a - rbar) j_a; all None without a reward."""
+    if inputs.reward is None:
+        return None, None, None
+    reward_mean = float(inputs.mu @ inputs.reward)
+    centered_reward = inputs.reward - reward_mean
+    reward_std = float((inputs.mu @ centered_reward.square()).sqrt())
+    return reward_mean, reward_std, LinearGroup("policy_grad", jacobian.combine(inputs.mu * centered_reward))
+
+
+def _tied_row_probes(layout: HeadLayout, plans: dict[str, SecondMomentPlan]) -> list[EmbeddingRowProbe]:
+    """The tied cross term's probes: per Fisher, one per table row the context reads."""
     # a probe is summed from its group's per-direction rows where those directions are a complete basis
     # (exact, full-rank C_q): one backward per prefix token less (25 of 601 directions at 32 tokens)
-    probes = [
+    return [
         EmbeddingRowProbe(
             f"{name}:{c}",
             layout.head_name,
@@ -183,26 +217,19 @@ def position_moments(
         for group, (name, plan) in enumerate(plans.items())
         for c, vector in plan.probes.items()
     ]
-    build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, cov_p, reward_mean, reward_std)
-    chunk_callback = None
-    if on_partial is not None:
-        trace = float(plans["fisher"].weights.sum())
 
-        def chunk_callback(snapshot: Callable[[], DirectionResults], done: list[int]) -> None:
-            kept = float(plans["fisher"].weights[: done[0]].sum()) / trace if trace > 0 else 1.0
-            on_partial(lambda: build(snapshot()), kept)
 
-    results = backprop_directions(
-        capture,
-        position,
-        squares,
-        linears,
-        probes,
-        memory_budget_bytes=memory_budget_bytes,
-        progress=progress,
-        on_chunk=chunk_callback,
-    )
-    return build(results)
+def _partial_per_chunk(
+    plan_mu: SecondMomentPlan, build: _Assembly, on_partial: PartialCallback
+) -> ChunkCallback:
+    """``on_partial`` after each chunk: the moments so far, and the share of trace(C_mu) they carry."""
+    trace = float(plan_mu.weights.sum())
+
+    def chunk_callback(snapshot: Callable[[], DirectionResults], done: list[int]) -> None:
+        kept = float(plan_mu.weights[: done[0]].sum()) / trace if trace > 0 else 1.0
+        on_partial(lambda: build(snapshot()), kept)
+
+    return chunk_callback
 
 
 @dataclass

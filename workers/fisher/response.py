@@ -15,7 +15,13 @@ from torch import nn
 
 from backend.vocabulary import Method
 from workers.fisher.capture import CapturedForward, capture_forward
-from workers.fisher.position import HeadLayout, PositionInputs, PositionMoments, position_moments
+from workers.fisher.position import (
+    HeadLayout,
+    PartialCallback,
+    PositionInputs,
+    PositionMoments,
+    position_moments,
+)
 from workers.fisher.sampler import Sampler, model_distribution, sampler_distribution
 from workers.fisher.stats import MomentSums, square_total
 
@@ -184,10 +190,7 @@ def analyze_sequence(
 
         partial = None
         if on_partial is not None and n_positions == 1 and target is None:
-
-            def partial(moments_so_far, kept: float, inputs: PositionInputs = inputs) -> None:
-                on_partial(lambda: _single(layout, inputs, moments_so_far()), kept)
-
+            partial = _partial_analysis(layout, inputs, on_partial)
         moments = position_moments(
             model,
             inputs,
@@ -198,16 +201,41 @@ def analyze_sequence(
             on_partial=partial,
         )
         del capture
-        result.positions.append(_record(inputs, moments, target))
-        if observe is not None:
-            observe(moments)
-        sums.add(moments)
-        if not sampler.is_on_policy:
-            result.accumulated_shift_sq.append(square_total(list(sums.sums.get("mean_shift", {}).values())))
+        _fold_position(result, _record(inputs, moments, target), moments, sampler.is_on_policy, observe)
         del moments
     if sampler.kind == "data" and continuation_ids.numel():
         result.sft_gradient = log_likelihood_gradient(model, prefix_ids, continuation_ids)
     return result
+
+
+def _partial_analysis(
+    layout: HeadLayout, inputs: PositionInputs, on_partial: SequencePartial
+) -> PartialCallback:
+    """A single position's moments so far passed on as the analysis they give (``_single``)."""
+
+    def partial(moments_so_far: Callable[[], PositionMoments], kept: float) -> None:
+        on_partial(lambda: _single(layout, inputs, moments_so_far()), kept)
+
+    return partial
+
+
+def _fold_position(
+    result: SequenceAnalysis,
+    record: PositionRecord,
+    moments: PositionMoments,
+    on_policy: bool,
+    observe: Callable[[PositionMoments], None] | None,
+) -> None:
+    """Keep a position's record, show its moments to ``observe``, then fold them into the running sums
+    (and, off the policy, the squared mean shift accumulated so far)."""
+    result.positions.append(record)
+    if observe is not None:
+        observe(moments)
+    result.sums.add(moments)
+    if not on_policy:
+        result.accumulated_shift_sq.append(
+            square_total(list(result.sums.sums.get("mean_shift", {}).values()))
+        )
 
 
 def _single(layout: HeadLayout, inputs: PositionInputs, moments: PositionMoments) -> SequenceAnalysis:

@@ -331,20 +331,9 @@ def add_prompt_fisher(
             memory_budget_bytes=memory_budget_bytes,
             progress=step,
         )
-        sums.add(StudyStat.fisher, moments.fisher, count)
-        fisher_total = sum(float(v.sum()) for v in moments.fisher.values())
-        shift_sq_total = 0.0
-        if moments.mean_shift is not None:
-            sums.add(StudyStat.mean_shift, moments.mean_shift, count)
-            sums.add_square(StudyStat.mean_shift_sq, moments.mean_shift, count)
-            shift_sq_total = sum(
-                float(torch.dot(v.reshape(-1), v.reshape(-1))) for v in moments.mean_shift.values()
-            )
-        context_totals[context] = (fisher_total, fisher_total + shift_sq_total)
+        context_totals[context] = _add_context(sums, moments, count)
         if asked:
-            compared["fisher"] += count * fisher_total
-            for name, params in moments.fisher_under.items():
-                compared[name] += count * sum(float(v.sum()) for v in params.values())
+            _add_compared(compared, moments, count, fisher_total=context_totals[context][0])
         directions += moments.directions
         direction_tokens += moments.directions * ids.numel()
         del moments
@@ -352,11 +341,43 @@ def add_prompt_fisher(
     sums.directions += directions
     sums.direction_tokens += direction_tokens
     sums.positions += sum(len(response) for response in responses)
+    totals = _response_totals(responses, context_totals)
+    return PromptFisher(totals, dict(compared), len(contexts), directions)
+
+
+def _add_context(sums: StudySums, moments: ContextMoments, count: int) -> tuple[float, float]:
+    """Add one context's F, M and squared mean shift ``count`` times; its Fisher and uncentered totals
+    (U = F + the squared mean shift)."""
+    sums.add(StudyStat.fisher, moments.fisher, count)
+    fisher_total = sum(float(v.sum()) for v in moments.fisher.values())
+    shift_sq_total = 0.0
+    if moments.mean_shift is not None:
+        sums.add(StudyStat.mean_shift, moments.mean_shift, count)
+        sums.add_square(StudyStat.mean_shift_sq, moments.mean_shift, count)
+        shift_sq_total = sum(
+            float(torch.dot(v.reshape(-1), v.reshape(-1))) for v in moments.mean_shift.values()
+        )
+    return fisher_total, fisher_total + shift_sq_total
+
+
+def _add_compared(
+    compared: defaultdict[str, float], moments: ContextMoments, count: int, fisher_total: float
+) -> None:
+    """Add one context's Fisher total under mu and under each reference, ``count`` times."""
+    compared["fisher"] += count * fisher_total
+    for name, params in moments.fisher_under.items():
+        compared[name] += count * sum(float(v.sum()) for v in params.values())
+
+
+def _response_totals(
+    responses: Sequence[Sequence[int]], context_totals: dict[tuple[int, ...], tuple[float, float]]
+) -> list[dict[str, float]]:
+    """Per response, the Fisher and uncentered totals summed over the contexts of its positions."""
     totals = []
     for response in responses:
         seen = [context_totals[tuple(response[:t])] for t in range(len(response))]
         totals.append({"fisher": sum(f for f, _ in seen), "uncentered": sum(u for _, u in seen)})
-    return PromptFisher(totals, dict(compared), len(contexts), directions)
+    return totals
 
 
 def relative_l2_error(

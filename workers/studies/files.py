@@ -19,9 +19,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from backend.mask_files import MaskFile, mask_key
+from backend.study_summary import PromptRecord, ResponseRecord
 from workers.fisher.study import UNCENTERED, StudyStat, StudySums
 from workers.studies.masks import POLARITY, mask_counts, mask_tensors
-from workers.studies.runner import PromptRecord, ResponseRecord, StudyPart
+from workers.studies.runner import StudyPart
 from workers.studies.spec import StudySpec
 from workers.studies.summary import FinishedStudy
 
@@ -139,8 +140,8 @@ def write_part(path: Path, part: StudyPart) -> None:
         },
         "head_name": part.head_name,
         "embedding_name": part.embedding_name,
-        "responses": [r.to_dict() for r in part.responses],
-        "prompts": [p.to_dict() for p in part.prompts],
+        "responses": [r.model_dump() for r in part.responses],
+        "prompts": [p.model_dump() for p in part.prompts],
         "seconds": part.seconds,
     }
     save_file(tensors, str(path), metadata={"part": json.dumps(meta)})

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from backend.study_summary import PromptRecord, ResponseRecord
 from backend.vocabulary import EngineKind
 from workers.fisher.position import HeadLayout
 from workers.fisher.response import log_likelihood_gradient
@@ -40,37 +41,6 @@ class StudyModel:
     decode: Callable[[list[int]], str]  # response text without special tokens (what rewards read)
     stop_ids: set[int]
     engine_model: nn.Module | None = None  # the bf16 engine, when the sampler uses it
-
-
-@dataclass
-class ResponseRecord:
-    prompt_index: int
-    response_index: int
-    seed: int
-    input_ids: list[int]
-    continuation_ids: list[int]
-    text: str
-    reward: float | None
-    totals: dict[str, float]  # fisher and uncentered summed over this response's positions
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class PromptRecord:
-    prompt_index: int
-    line: int
-    n_tokens: int
-    target: str | None
-    rewards: list[float] | None
-    totals: dict[str, float]  # over the prompt's K responses
-    compared: dict[str, float]  # Fisher totals under the sampler and the references, where compared
-    contexts: int
-    directions: int
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -225,28 +195,28 @@ def _score_and_record(
     _timed(part, "scores", started)
     part.responses += [
         ResponseRecord(
-            prompt.index,
-            r,
-            drawn.seeds[r],
-            list(prompt.input_ids),
-            list(response),
-            drawn.texts[r],
-            None if drawn.rewards is None else drawn.rewards[r],
-            fisher.response_totals[r],
+            prompt_index=prompt.index,
+            response_index=r,
+            seed=drawn.seeds[r],
+            input_ids=list(prompt.input_ids),
+            continuation_ids=list(response),
+            text=drawn.texts[r],
+            reward=None if drawn.rewards is None else drawn.rewards[r],
+            totals=fisher.response_totals[r],
         )
         for r, response in enumerate(drawn.responses)
     ]
     part.prompts.append(
         PromptRecord(
-            prompt.index,
-            prompt.line,
-            len(prompt.input_ids),
-            prompt.target,
-            drawn.rewards,
-            {key: sum(t[key] for t in fisher.response_totals) for key in ("fisher", "uncentered")},
-            fisher.compared,
-            fisher.contexts,
-            fisher.directions,
+            prompt_index=prompt.index,
+            line=prompt.line,
+            n_tokens=len(prompt.input_ids),
+            target=prompt.target,
+            rewards=drawn.rewards,
+            totals={key: sum(t[key] for t in fisher.response_totals) for key in ("fisher", "uncentered")},
+            compared=fisher.compared,
+            contexts=fisher.contexts,
+            directions=fisher.directions,
         )
     )
 

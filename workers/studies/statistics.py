@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from backend.study_summary import PromptRecord
 from workers.fisher.study import UNCENTERED, StudyStat, StudySums, relative_l2_error
 from workers.studies.masks import LevelMap, compare_levels, level_map
-from workers.studies.runner import PromptRecord
 from workers.studies.spec import PAPER_FRACTION
 
 PAPER_LABEL = (

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from backend.study_summary import checked_study_summary
 from workers.fisher.stats import square_total
 from workers.fisher.study import UNCENTERED, StudyStat
 from workers.studies.masks import LevelMap, level_map, mask_shares
@@ -63,8 +64,8 @@ def finish_study(part: StudyPart, spec: StudySpec, model: dict, cost: dict | Non
             )
             / per_response**2,
         },
-        "prompts": [p.to_dict() for p in part.prompts],
-        "responses": [r.to_dict() for r in part.responses],
+        "prompts": [p.model_dump() for p in part.prompts],
+        "responses": [r.model_dump() for r in part.responses],
         "estimators": estimator_comparison(sums, fisher_levels, fractions),
         "masks": {
             "statistic": "F, the exact sequence Fisher of the study",
@@ -85,7 +86,7 @@ def finish_study(part: StudyPart, spec: StudySpec, model: dict, cost: dict | Non
         "cost": cost,
         "timing": dict(part.seconds),
     }
-    return FinishedStudy(json_safe(summary), fisher_levels)
+    return FinishedStudy(checked_study_summary(json_safe(summary)), fisher_levels)
 
 
 def json_safe(value: Any) -> Any:
