@@ -7,6 +7,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from backend import registry
 from backend.cost import cheaper_methods, estimate_cost
 from backend.fastjson import dumps, is_strict_json_object, loads
 from backend.model_catalog import ModelCatalog
@@ -51,7 +52,10 @@ class AnalysisRecords(ModelCatalog):
     def submit_id(self, create: AnalysisCreate) -> tuple[str, StoredAnalysis]:
         """Validate, key and (unless cached or in flight) enqueue `create`: the id and what is stored."""
         info, codec = self.resolve_model(create.model)
-        job = normalize(create, codec, info, self.settings.limits())
+        return self.submit_job(info, normalize(create, codec, info, self.settings.limits()))
+
+    def submit_job(self, info: registry.ModelInfo, job: AnalysisJob) -> tuple[str, StoredAnalysis]:
+        """Key and (unless cached, in flight or over the budget) enqueue a normalized job."""
         estimate = estimate_cost(info, job, self.settings.flops_per_second)
         if estimate.flops > self.settings.budget_flops:
             raise RequestError(
@@ -75,6 +79,19 @@ class AnalysisRecords(ModelCatalog):
         if retry and self.store.claim(analysis_id, queued_meta(job, estimate)):
             self.queue.enqueue(ANALYSIS_FUNCTION, job.model_dump(mode="json"), analysis_id)
         return self._resolve(analysis_id)
+
+    def with_rho_json(self, analysis_id: str) -> tuple[bytes, int]:
+        """The analysis ``analysis_id`` with rho: itself where it has rho (on the policy it is free),
+        else the same request with the Fisher under p, answered or queued like a POST."""
+        analysis_id, stored = self._resolve(analysis_id)
+        assert stored.meta is not None  # _resolve answers 404 for an id with no analysis
+        job = AnalysisJob.model_validate(stored.meta["request"])
+        if job.rho or job.sampler.is_on_policy or job.continuation_sample is not None:
+            body, status = self._public_json(analysis_id, stored)
+        else:
+            info, _ = self.resolve_model(job.model)
+            body, status = self._public_json(*self.submit_job(info, job.model_copy(update={"rho": True})))
+        return body, 200 if status == JobStatus.done else 202
 
     def _resolve(self, analysis_id: str) -> tuple[str, StoredAnalysis]:
         """The analysis an id answers for, and what is stored of it.

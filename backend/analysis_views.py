@@ -23,7 +23,7 @@ from backend.schemas import (
 from backend.service_error import ServiceError
 from backend.store import decode_view
 from backend.summary import PositionEntry
-from backend.vocabulary import STATS, TOP_FRACTIONS
+from backend.vocabulary import RHO_NOT_ASKED, STATS, TOP_FRACTIONS
 
 
 class AnalysisViews(AnalysisRecords):
@@ -109,6 +109,8 @@ class AnalysisViews(AnalysisRecords):
         header = self.store.get_pooled_header(analysis_id) or {}
         entry = header.get(stat, {}).get(tensor)
         blob = self.store.get_pooled_blob(analysis_id, stat, tensor) if entry else None
+        if entry is None and stat == "rho" and stat not in header and header:
+            raise ServiceError(409, f"{RHO_NOT_ASKED}: POST /api/v1/analyses/{analysis_id}/rho")
         if entry is None or blob is None:
             raise ServiceError(404, f"no tensor {tensor!r} with stat {stat!r} in analysis {analysis_id}")
         view = coarsen(decode_view(entry, blob), rows, cols)

@@ -61,10 +61,10 @@ def sampler_directions(d_model: int, job: AnalysisJob) -> int:
 def backward_directions(info: SizedModel, job: AnalysisJob) -> int:
     """Directions back-propagated per analysed position.
 
-    Off-policy (mu != p) adds the d_model directions of the Fisher under p, which rho needs.
+    Off-policy (mu != p) with ``rho`` adds the d_model directions of the Fisher under p, which rho needs.
     `truncated:F` keeps about F of the directions (an upper bound); `mc:S` uses S.
     """
-    p_rank = 0 if job.sampler.is_on_policy else info.d_model
+    p_rank = info.d_model if job.rho else 0
     return job.method.direction_bound(sampler_directions(info.d_model, job)) + job.method.direction_bound(
         p_rank
     )
@@ -81,7 +81,7 @@ def probe_directions(info: SizedModel, job: AnalysisJob) -> list[int]:
     nucleus caps is not foreseen). A token that mu (or p) gives no mass needs none, and a response still
     to be sampled counts as all distinct.
     """
-    fishers = 1 if job.sampler.is_on_policy else 2
+    fishers = 2 if job.rho else 1
     if job.method.name == MethodName.exact:
         fishers = 0 if sampler_directions(info.d_model, job) == info.d_model else 1
     if not info.tied_embeddings or not fishers:

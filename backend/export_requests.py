@@ -13,6 +13,7 @@ from backend.normalize import RequestError
 from backend.queue import EXPORT_FUNCTION
 from backend.schemas import AnalysisJob, AnalysisPublic, ExportChoice
 from backend.service_error import ServiceError
+from backend.vocabulary import RHO_NOT_ASKED
 
 
 class ExportRequests(AnalysisRecords):
@@ -61,6 +62,11 @@ class ExportRequests(AnalysisRecords):
     def _check_export(self, analysis_id: str, choice: ExportChoice) -> None:
         """422 for a tensor selection that selects nothing, or a file larger than the exports budget."""
         _, summary = self.summary(analysis_id)
+        if "rho" in choice.stats and not summary.get("rho_available", True):
+            raise RequestError(
+                f"{RHO_NOT_ASKED}: POST /api/v1/analyses/{analysis_id}/rho and export from its analysis",
+                field="stats",
+            )
         numel = {tensor["name"]: int(tensor["numel"]) for tensor in summary.get("tensors") or []}
         kept = check_selects_something(choice, numel)
         size = sum(numel[name] for name in kept) * len(choice.stats) * BYTES_PER_VALUE[choice.dtype]

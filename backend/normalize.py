@@ -87,6 +87,7 @@ def normalize(
                 field="continuation",
             )
     sample = _check_sample(create, limits)
+    sampler = normalize_sampler(create.sampler, codec, bool(continuation_ids) or sample is not None)
     return AnalysisJob(
         model=info.id,
         weights_digest=info.digest,
@@ -94,9 +95,10 @@ def normalize(
         input_ids=input_ids,
         continuation_ids=continuation_ids,
         continuation_sample=sample,
-        sampler=normalize_sampler(create.sampler, codec, bool(continuation_ids) or sample is not None),
+        sampler=sampler,
         reward=_normalize_reward(create.reward, codec),
         method=create.method,
+        rho=create.rho and not sampler.is_on_policy,  # on the policy rho is free: one key for both
     )
 
 

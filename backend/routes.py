@@ -48,6 +48,17 @@ COMPUTE: dict[str, Any] = {
 }
 
 
+def queued_or_cached(model: type, cached: str) -> dict[str, Any]:
+    """A compute route's decorator arguments: queued (202) or answered from the cache (200, ``cached``
+    says what), behind the token and the rate limit."""
+    return {
+        "response_model": model,
+        "status_code": 202,
+        "dependencies": COMPUTE["dependencies"],
+        "responses": {200: {"model": model, "description": cached}, **COMPUTE["responses"]},
+    }
+
+
 class JsonBytes(Response):
     """A body already serialized to the declared schema (the service splices cached summaries in)."""
 
@@ -67,19 +78,23 @@ api = APIRouter(prefix="/api/v1", responses=ERRORS)
 health = APIRouter()
 
 
-@api.post(
-    "/analyses",
-    response_model=AnalysisPublic,
-    status_code=202,
-    dependencies=COMPUTE["dependencies"],
-    responses={
-        200: {"model": AnalysisPublic, "description": "finished (served from the cache)"},
-        **COMPUTE["responses"],
-    },
-)
+@api.post("/analyses", **queued_or_cached(AnalysisPublic, "finished (served from the cache)"))
 def create_analysis(create: AnalysisCreate, service: Service) -> Response:
     """Queue an analysis (202) or answer it from the cache (200); the id is the cache key."""
     body, status = service.submit_json(create)
+    return JsonBytes(body, status_code=status)
+
+
+@api.post(
+    "/analyses/{analysis_id}/rho",
+    **queued_or_cached(AnalysisPublic, "finished (from the cache), or the analysis itself"),
+)
+def request_rho(analysis_id: AnalysisId, service: Service) -> Response:
+    """The same analysis with rho: off the policy the Fisher under p is computed only when asked (d_model
+    directions more per position), so a first answer comes sooner; this asks for it. Answers the analysis
+    itself where it already has rho (on the policy, or asked with `rho`), else queues (202) or answers
+    from the cache (200) the request with `rho: true`, whose id differs."""
+    body, status = service.with_rho_json(analysis_id)
     return JsonBytes(body, status_code=status)
 
 

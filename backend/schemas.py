@@ -19,7 +19,7 @@ from backend.vocabulary import METHOD_MAX_LENGTH, EngineKind, Method, Sampler, S
 
 # Bumped whenever the engine's numbers or the summary's shape (backend/summary.py) change, so old cache
 # entries (and certificates) stop matching.
-ENGINE_VERSION = "5"
+ENGINE_VERSION = "6"
 
 
 class JobStatus(StrEnum):
@@ -84,6 +84,11 @@ class AnalysisCreate(BaseModel):
         default_factory=dict, max_length=1024, description="token (text or '#ID') -> reward; others 0"
     )
     method: MethodField = Field(default=Method())
+    rho: bool = Field(
+        default=False,
+        description="off the policy (mu != p), also the Fisher under p: d_model directions more per "
+        "position, which only the stat rho needs; on the policy rho is free and always given",
+    )
 
 
 class AnalysisJob(BaseModel):
@@ -104,6 +109,7 @@ class AnalysisJob(BaseModel):
     sampler: Sampler = Field(default_factory=Sampler, description="the data token, if any, is an id")
     reward: dict[str, float] = Field(default_factory=dict, description="token id (decimal) -> reward")
     method: MethodField = Field(default=Method())
+    rho: bool = Field(default=False, description="the Fisher under p off the policy (on the policy: false)")
     engine_version: str = ENGINE_VERSION
 
     def canonical_json(self) -> str:

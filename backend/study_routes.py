@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 
-from backend.routes import COMPUTE, ERRORS
+from backend.routes import ERRORS, queued_or_cached
 from backend.store import RECENT_LIMIT
 from backend.studies import StudyService
 from backend.study_schemas import (
@@ -30,16 +30,7 @@ StudyId = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="study
 studies = APIRouter(prefix="/api/v1", responses=ERRORS)
 
 
-@studies.post(
-    "/studies",
-    response_model=StudyPublic,
-    status_code=202,
-    dependencies=COMPUTE["dependencies"],
-    responses={
-        200: {"model": StudyPublic, "description": "finished (served from the cache)"},
-        **COMPUTE["responses"],
-    },
-)
+@studies.post("/studies", **queued_or_cached(StudyPublic, "finished (served from the cache)"))
 def create_study(create: StudyCreate, service: Studies) -> Response:
     """Queue a study, one job per prompt over every running worker (202), or answer it from the cache."""
     public, status = service.submit(create)

@@ -260,6 +260,11 @@ class AnalysisSummary(_Strict):
     sampler: SamplerSummary
     reward: list[RewardEntry]
     method: MethodSummary
+    rho_available: bool = Field(
+        ...,
+        description="rho was computed: on the policy always; off it only when asked (request field rho), "
+        "else every rho_mean is null and no rho arrays exist",
+    )
     positions: list[PositionSummary]
     totals: Totals
     tensors: list[TensorTotals]

@@ -43,6 +43,12 @@ STATS: tuple[str, ...] = (
     "bound",
 )
 SIGNED_STATS: tuple[str, ...] = ("mean_shift", "common", "policy_grad")
+# rho's denominator E_p[kappa^2] needs the Fisher under p: free on the policy, d_model directions per
+# position off it, so an off-policy analysis computes it only when asked
+RHO_NOT_ASKED = (
+    "rho needs the Fisher under p, which this off-policy analysis did not compute (it is computed only "
+    "when asked: request field rho, fisherscope analyze --rho)"
+)
 # The densities q of the named top-q sets: concentration shares, overlaps, compares and masks.
 TOP_FRACTIONS: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1)
 # The essays' running example: what a first visit shows, computed once by `fisherscope serve` at start.

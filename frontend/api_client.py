@@ -113,6 +113,11 @@ class ApiClient:
         """POST an analysis: the finished analysis when cached (200), else {id, status, progress} (202)."""
         return self.request("POST", "/analyses", json=body).json()
 
+    def rho(self, analysis_id: str) -> dict[str, Any]:
+        """The same analysis with rho (off the policy the Fisher under p is computed only when asked):
+        the analysis itself where it has rho, else the rho request's answer, as `submit` gives it."""
+        return self.request("POST", f"/analyses/{quote(analysis_id, safe='')}/rho").json()
+
     def analysis(self, analysis_id: str) -> dict[str, Any]:
         """Status, progress, stage, request, while running the `partial` result so far (read it with
         `partial_result`) and when done the summary as `result` (the figures draw the overview instead)."""

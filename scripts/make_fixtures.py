@@ -29,6 +29,7 @@ REQUESTS: dict[str, dict] = {
         "prefix": PREFIX,
         "sampler": {"temperature": 0.7},
         "reward": {" tea": 1.0, " coffee": 0.0},
+        "rho": True,  # off the policy: the slides read rho
     },
     "summary_smollm2_response": {
         "model": "smollm2-135m",
@@ -40,6 +41,7 @@ REQUESTS: dict[str, dict] = {
         "prefix": PREFIX,
         "continuation": " coffee with milk",
         "sampler": {"kind": "data"},
+        "rho": True,
     },
     "summary_tiny_random": {"model": "tiny-random", "prefix": PREFIX, "continuation": " coffee and"},
 }

@@ -70,11 +70,11 @@ def test_serve_loads_its_model_then_queues_the_landing_view(tmp_path: Path, monk
     while client.get("/readyz").status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    # then the landing view's analysis is queued: its job asks the pool for the model a second time
-    while len(asked) < 2:
+    # then the landing view's analysis and its rho stage are queued: each job asks the pool for the model
+    while len(asked) < 3:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    assert asked == ["smollm2-135m", "smollm2-135m"]
+    assert asked == ["smollm2-135m"] * 3
 
 
 @pytest.mark.slow

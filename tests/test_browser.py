@@ -5,10 +5,11 @@ models tiny-random and SmolLM2-135M) in a subprocess with its own result folder.
 (`Watch`): no console error, no 4xx/5xx answer to the page's own requests, no request beyond 127.0.0.1,
 and no Dash callback body above a fixed size, however long the analysed response (the browser holds
 ids, never a summary). The tests type and run a continuation, sample one (32 tokens on tiny-random, 16
-on SmolLM2), step every slide, open share links in fresh contexts (nothing recomputed), and compare two
-samplers side by side against the API's own compare and against the top-q sets computed here from the
-API's full arrays. Screenshots of the slides go to artifacts/browser/ (not tracked; the committed
-screenshots of the real model come from scripts/screenshots.py).
+on SmolLM2), step every slide, open share links in fresh contexts (nothing recomputed), follow an
+off-policy analysis to its rho stage, and compare two samplers side by side against the API's own
+compare and against the top-q sets computed here from the API's full arrays. Screenshots of the
+slides go to artifacts/browser/ (not tracked; the committed screenshots of the real model come from
+scripts/screenshots.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 
 from backend.vocabulary import LANDING_PREFIX, STATS
 from frontend.devserver import CHROMIUM, embedded_service, launch_chromium, wait_until_ready
+from frontend.state import parse_query, to_request
 from tests.requirements import require
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "browser"
@@ -440,6 +442,67 @@ def test_a_share_link_with_a_seed_reopens_the_same_response(service: Service, br
     watch.check()
 
 
+def watch_stages(page) -> None:
+    """Record, from now on, each (stage line, slide greyed, slide reading) the page shows."""
+    page.evaluate("""() => {
+        window.__stages = [];
+        const text = (selector) => document.querySelector(selector)?.innerText || '';
+        new MutationObserver(() => window.__stages.push([
+            text('#progress-stage'),
+            document.querySelector('#slide-panel').classList.contains('stale'),
+            text('#slide-reading'),
+        ])).observe(document.body, {attributes: true, childList: true, subtree: true, characterData: true});
+    }""")
+
+
+def rho_bars(page) -> dict[str, Any]:
+    """Slide 3's rho bars, once they have a value for every kind."""
+    page.wait_for_function(
+        "() => (document.querySelector('#slide-graph .js-plotly-plot')?.data || [])"
+        ".some(t => t.name === 'rho' && t.y.length > 0 && Array.from(t.y).every(v => v !== null))",
+        timeout=60_000,
+    )
+    return next(trace for trace in plotted(page, "slide-graph") if trace["name"] == "rho")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_off_policy_run_draws_rho_from_its_second_stage(service: Service, browser):
+    """top-k 7 on tiny-random: the first answer comes without rho, and slide 3 says rho comes second;
+    the page asks for the rho stage, keeps the first drawn (not greyed) while it computes, then draws
+    the analysis with rho: two engine runs, and slide 3's rho bars are that analysis's."""
+    watch = Watch()
+    page = open_page(browser, watch, f"{service.url}/?model={MODEL}&prefix={PREFIX}&slide=3")
+    wait_until_done(page)
+    rho_bars(page)  # on the policy rho comes with the analysis
+    runs = service.engine_runs()
+    watch_stages(page)
+    page.fill("#top_k", "7")
+    page.click("#run")
+    page.wait_for_function(
+        "() => (document.querySelector('#share-link')?.value || '').includes('top_k=7')", timeout=120_000
+    )
+    wait_until_done(page)
+    bars = rho_bars(page)
+    seen = page.evaluate("() => window.__stages")
+    during = [(stale, reading) for stage, stale, reading in seen if stage.startswith("rho: ")]
+    assert any(not stale for stale, _ in during), seen  # the first analysis, drawn as it is
+    assert any("computed as a second stage" in reading for _, reading in during), seen
+    assert "stale" not in page.get_attribute("#slide-panel", "class")
+    assert "second stage" not in page.inner_text("#slide-reading")
+    assert service.engine_runs() == runs + 2  # the first answer, then its rho stage
+
+    first = service.analysis(to_request(parse_query(f"model={MODEL}&prefix={PREFIX}&top_k=7")[0]))
+    assert first["result"]["rho_available"] is False
+    answer = service.api.post(f"/analyses/{first['id']}/rho")
+    assert answer.status_code == 200 and answer.json()["id"] != first["id"]  # computed, for the page
+    kinds = answer.json()["result"]["kinds"]
+    assert bars["x"] == [kind["kind"] for kind in kinds]
+    assert bars["y"] == pytest.approx([kind["totals"]["rho_mean"] for kind in kinds])
+    assert service.engine_runs() == runs + 2
+    watch.check()
+
+
 def top_q_sets(arrays: dict[str, np.ndarray], names: list[str], fractions: list[float]) -> list[set[int]]:
     """The global top-q coordinates of the Fisher, computed here from the full arrays: ceil(q P) of them,
     the largest first, ties by coordinate index (tensors in the summary's order, each flattened)."""
@@ -482,6 +545,11 @@ def test_compare_two_samplers_side_by_side(service: Service, browser, tmp_path):
     page.click("#compare-run")
     page.wait_for_function(
         "() => (document.querySelector('#compare-sets-graph .js-plotly-plot')?.data || []).length >= 4",
+        timeout=120_000,
+    )
+    # B is off the policy: its rho stage follows, and the link names B with rho once that is in
+    page.wait_for_function(
+        "() => ['B: done', 'B: cached'].includes(document.querySelector('#b-status')?.innerText || '')",
         timeout=120_000,
     )
     query = parse_qs(urlparse(page.url).query)
@@ -612,7 +680,8 @@ def test_the_landing_page_teaches_on_every_slide(tmp_path, browser):
         wait_until_done(page, "analysed continuation: 3 tokens", timeout_ms=600_000)  # a busy CPU
         assert page.input_value("#prefix") == LANDING_PREFIX
         assert "type your own prefix" in page.inner_text("#landing-note")
-        assert httpx.get(f"{url}/api/v1/stats").json()["engine_runs"] == 1  # serve's, none for the page
+        # serve's: the example and its rho stage (off the policy), none for the page
+        assert httpx.get(f"{url}/api/v1/stats").json()["engine_runs"] == 2
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         for number in range(1, 11):
             go_to_slide(page, number)
@@ -631,7 +700,8 @@ def test_the_landing_page_teaches_on_every_slide(tmp_path, browser):
 
 def check_a_reward_change_reuses_the_fisher(page, url: str) -> None:
     """Another reward on the landing example is answered from its Fisher (one direction per position),
-    not by a second engine run, and the page draws the new reward's numbers."""
+    not by another engine run, and so is its rho stage (from the example's own), and the page draws the
+    new reward's numbers."""
     assert page.input_value("#reward") == " tea=1; coffee=0"
     page.fill("#reward", " tea=1; coffee=0.5")
     page.click("#run")
@@ -640,7 +710,7 @@ def check_a_reward_change_reuses_the_fisher(page, url: str) -> None:
     )
     wait_until_done(page, "analysed continuation: 3 tokens", timeout_ms=120_000)
     stats = httpx.get(f"{url}/api/v1/stats").json()
-    assert stats == {"engine_runs": 1, "reward_reuses": 1}, stats
+    assert stats == {"engine_runs": 2, "reward_reuses": 2}, stats
     go_to_slide(page, 2)
     wait_for_reading(page, 30_000)
     assert "coffee" in page.inner_text("#slide-reading")

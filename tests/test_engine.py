@@ -144,7 +144,7 @@ def test_pooled_views_add_up_to_tensor_totals(tiny_random):
     ids=["bf16", "uniform", "data", "top_p"],
 )
 def test_every_sampler_along_a_response(tiny_random, sampler, tmp_path):
-    job = _job(tiny_random, prefix="She drank", continuation=" a cup of tea", sampler=sampler)
+    job = _job(tiny_random, prefix="She drank", continuation=" a cup of tea", sampler=sampler, rho=True)
     analysis = run_analysis(tiny_random, job)
     response = analysis.summary["response"]
     assert response["T"] == len(job.continuation_ids) == len(analysis.summary["positions"])

@@ -60,12 +60,13 @@ def test_text_input_gives_the_services_numbers(tiny_random):
             "She drank a cup of",
             reward={" tea": 1.0},
             temperature=0.7,
+            rho=True,
         )
         assert tiny_random.model.training
     finally:
         tiny_random.model.eval()
     tea = str(token_id(tiny_random, " tea"))
-    job = engine_job(tiny_random, sampler=Sampler(temperature=0.7), reward={tea: 1.0})
+    job = engine_job(tiny_random, sampler=Sampler(temperature=0.7), reward={tea: 1.0}, rho=True)
     ids = job.input_ids
     service = analyze_job(tiny_random, job, Settings()).summary
     assert [t["id"] for t in result.summary["tokens"]["prefix"]] == ids

@@ -189,9 +189,13 @@ def test_cost_scales_with_sampler_and_method() -> None:
     info = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": False})()
     base = AnalysisJob(model="m", weights_digest="d", input_ids=[1, 2, 3])
     exact = estimate_cost(info, base, RATE)
-    off = estimate_cost(info, base.model_copy(update={"sampler": Sampler(temperature=0.7)}), RATE)
+    tempered = base.model_copy(update={"sampler": Sampler(temperature=0.7)})
+    assert estimate_cost(info, tempered, RATE).directions == exact.directions  # no rho: mu's alone
+    off = estimate_cost(info, tempered.model_copy(update={"rho": True}), RATE)
     assert off.directions == 2 * exact.directions
-    top_k = estimate_cost(info, base.model_copy(update={"sampler": Sampler(top_k=5)}), RATE)
+    capped = base.model_copy(update={"sampler": Sampler(top_k=5)})
+    assert estimate_cost(info, capped, RATE).directions == 4
+    top_k = estimate_cost(info, capped.model_copy(update={"rho": True}), RATE)
     assert top_k.directions == 4 + 64
     truncated = estimate_cost(info, base.model_copy(update={"method": Method.parse("truncated:0.25")}), RATE)
     assert truncated.directions == 16 and truncated.upper_bound
@@ -218,7 +222,9 @@ def test_cost_counts_the_tied_tables_probes() -> None:
     assert probe_directions(untied, job) == [0, 0]
     assert probe_directions(tied, job) == [2, 2]  # {5, 6}, then {5, 6} again: 6 was read before
     off = job.model_copy(update={"sampler": Sampler(temperature=0.7)})
-    assert probe_directions(tied, off) == [4, 4]  # and as many for the Fisher under p
+    assert probe_directions(tied, off) == [2, 2]  # without rho, mu's Fisher only
+    with_rho = off.model_copy(update={"rho": True})
+    assert probe_directions(tied, with_rho) == [4, 4]  # and as many for the Fisher under p
     sampled = job.model_copy(
         update={"continuation_ids": [], "continuation_sample": SampleSpec(max_tokens=3, seed=1)}
     )

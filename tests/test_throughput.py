@@ -80,3 +80,32 @@ def test_a_damaged_cache_is_measured_again_not_a_crash(tmp_path, monkeypatch, da
         json.loads(cache.read_text())[throughput.device_key("cpu")]["widths"]["576"]["flops_per_second"]
         == 3e11
     )
+
+
+def test_a_rate_an_estimate_missed_by_more_than_twice_is_measured_again(tmp_path, monkeypatch):
+    """A rate measured while the machine was busy is too low for good; a run that shows it (its estimate
+    off by more than MISS_FACTOR either way) drops it, and the next estimate measures again."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    measured: list[int] = []
+    rates = iter([5.3e10, 1.9e11])  # busy, then quiet
+
+    def fake_width(device: str, d_model: int, seconds: float = 1.0, rows: int = 2048) -> float:
+        measured.append(d_model)
+        return next(rates)
+
+    monkeypatch.setattr(throughput, "measure_width", fake_width)
+    assert throughput.matmul_rate("cpu", 1024) == 5.3e10
+    assert not throughput.check_estimate("cpu", 1024, 40.0, 73.0)  # 1.8x: within the factor, kept
+    assert not throughput.check_estimate("cpu", 1024, 40.0, 21.0)
+    assert throughput.matmul_rate("cpu", 1024) == 5.3e10 and measured == [1024]
+    assert throughput.check_estimate("cpu", 1024, 150.0, 43.0)  # 3.5x faster than estimated: dropped
+    assert throughput.matmul_rate("cpu", 1024) == 1.9e11 and measured == [1024, 1024]
+    assert not throughput.check_estimate("cpu", 576, 1.0, 30.0)  # nothing remembered there: nothing to drop
+    assert not throughput.check_estimate("cpu", 1024, 0.5, 5.0)  # a short run is fixed costs: not judged
+    assert throughput.check_estimate("cpu", 1024, 1.0, 30.0)  # too slow by 30x: dropped as well
+    assert (
+        "1024"
+        not in json.loads((tmp_path / throughput.CACHE_NAME).read_text())[throughput.device_key("cpu")][
+            "widths"
+        ]
+    )

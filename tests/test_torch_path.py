@@ -59,7 +59,7 @@ def test_the_torch_path_gives_what_the_compiled_loops_give(tiny_random, case, mo
     request = {
         "on-policy prefix": AnalysisRequest(input_ids=ids),
         "tempered prefix with a reward": AnalysisRequest(
-            input_ids=ids, sampler=Sampler(temperature=0.7), reward={ids[0]: 1.0, ids[1]: -0.5}
+            input_ids=ids, sampler=Sampler(temperature=0.7), reward={ids[0]: 1.0, ids[1]: -0.5}, rho=True
         ),
         "response": AnalysisRequest(input_ids=ids[:3], continuation_ids=ids[3:]),
     }[case]

@@ -123,6 +123,12 @@ def _add_analyze(commands) -> None:
         help="reward of a next token (text or '#ID'); repeat; others get 0",
     )
     analyze.add_argument(
+        "--rho",
+        action="store_true",
+        help="off the policy, also the Fisher under p (d_model directions more per position) for rho; "
+        "on the policy rho is free and always computed",
+    )
+    analyze.add_argument(
         "--save",
         type=Path,
         default=None,

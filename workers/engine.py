@@ -51,6 +51,8 @@ class AnalysisRequest:
     sampler: Sampler = field(default_factory=Sampler)
     method: Method = field(default_factory=Method)
     reward: dict[int, float] = field(default_factory=dict)  # token id -> reward; others 0
+    # off the policy, also the Fisher under p (d_model directions per position more): rho needs it
+    rho: bool = False
 
 
 class Analysis:
@@ -82,18 +84,24 @@ class Analysis:
         """The summary as the typed model the API sends (``backend.summary``)."""
         return AnalysisSummary.model_validate(self.summary)
 
+    @property
+    def stats(self) -> tuple[str, ...]:
+        """The stats this analysis has: all, but rho off the policy when it was not asked for."""
+        return STATS if self.sequence.sums.has_rho else tuple(s for s in STATS if s != "rho")
+
     def per_parameter(self, stat: str) -> dict[str, torch.Tensor]:
         if stat not in STATS:
             raise KeyError(f"unknown stat {stat!r}; choose from {', '.join(STATS)}")
         return {name: value.float() for name, value in self.sequence.sums.iter_stat(stat)}
 
     def pooled(
-        self, max_rows: int = 128, max_cols: int = 128, stats: tuple[str, ...] = STATS
+        self, max_rows: int = 128, max_cols: int = 128, stats: tuple[str, ...] | None = None
     ) -> dict[str, dict[str, dict]]:
-        """Block sums of every stat on every tensor; stats equal to another by construction are shared."""
+        """Block sums of every stat it has (``stats``: of those) on every tensor; stats equal to another by
+        construction are shared."""
         sums = self.sequence.sums
         out: dict[str, dict[str, dict]] = {}
-        for stat in stats:
+        for stat in self.stats if stats is None else stats:
             if sums.alias(stat) in out:
                 out[stat] = out[sums.alias(stat)]
             elif sums.identically_zero(stat):
@@ -110,15 +118,15 @@ class Analysis:
                 out[stat] = dict(zip(sums.names, each_tensor(sums, view, sums.names), strict=True))
         return out
 
-    def pooled_bytes(self, max_rows: int = 128, max_cols: int = 128, stats: tuple[str, ...] = STATS) -> int:
+    def pooled_bytes(self, max_rows: int = 128, max_cols: int = 128) -> int:
         """What ``pooled`` would send (float32 values), from the shapes alone."""
-        return pooled_bytes(self.sequence.sums.shapes.values(), max_rows, max_cols, len(stats))
+        return pooled_bytes(self.sequence.sums.shapes.values(), max_rows, max_cols, len(self.stats))
 
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
         """safetensors: ``<stat>/<param name>`` for every stat and parameter, plus the token ids."""
         tensors: dict[str, torch.Tensor] = {}
         seen: set[int] = set()
-        for stat in STATS:
+        for stat in self.stats:
             for name, value in self.sequence.sums.iter_stat(stat):
                 value = value.float().contiguous().cpu()
                 if value.data_ptr() in seen:  # stats equal by construction share storage; files may not
@@ -209,6 +217,7 @@ def run_analysis(
         progress=report,
         on_partial=None if on_partial is None else _Partials(loaded, request, reward, on_partial),
         observe=None if roots is None else roots.observe,
+        fisher_under_p=request.rho,
     )
     report("summary", 0.0)
     summary = build_summary(loaded, request, sequence, HeadLayout.of(model), reward)
@@ -307,6 +316,7 @@ def build_summary(
             "kept_share": min(r.kept_share for r in sequence.positions),
             "missing_estimate": max(r.missing_estimate for r in sequence.positions),
         },
+        "rho_available": sequence.sums.has_rho,
         "positions": positions,
         **whole,
         "response": response_summary(sequence, decode),

@@ -65,6 +65,7 @@ def request_from_job(job: AnalysisJob) -> AnalysisRequest:
         continuation_ids=list(job.continuation_ids),
         sampler=job.sampler,
         method=job.method.with_seed(int(job.key()[:8], 16)),
+        rho=job.rho,
         reward={int(token): float(value) for token, value in job.reward.items()},
     )
 

@@ -71,6 +71,7 @@ def analyze(
     method: str | Method = "exact",
     reward: Mapping[str | int, float] | None = None,
     seed: int = 0,
+    rho: bool = False,
 ) -> Analysis:
     """Every quantity of docs/design.md section 2 at the prefix's next token, or along ``continuation``.
 
@@ -78,8 +79,10 @@ def analyze(
     special tokens, the continuation without) or token ids. ``reward``: token (text naming exactly one
     token, ``"#ID"``, or an id) -> reward. ``sampler``: model, data or uniform; ``engine``: model or
     bf16 (the model's own weights in bfloat16 sample); ``method``: exact, truncated:F or mc:S (``seed``
-    seeds its draws). The result's ``summary`` is the dashboard's JSON; ``per_parameter(stat)`` the
-    tensors by name; ``save(path)`` a safetensors file as ``fisherscope analyze --save`` writes.
+    seeds its draws); ``rho``: off the policy, also the Fisher under p that rho needs (d_model
+    directions more per position). The result's ``summary`` is the dashboard's JSON;
+    ``per_parameter(stat)`` the tensors by name; ``save(path)`` a safetensors file as ``fisherscope
+    analyze --save`` writes.
     """
     with _evaluating(model):
         loaded = model if isinstance(model, LoadedModel) else engine_model(model, tokenizer)
@@ -91,6 +94,7 @@ def analyze(
             sampler=_sampler(sampler, temperature, top_k, top_p, engine, data_id),
             method=Method.parse(method, seed=seed),
             reward={_token_id(codec, token): float(value) for token, value in (reward or {}).items()},
+            rho=rho,
         )
         return run_analysis(loaded, request, get_settings().engine_memory_bytes)
 

@@ -68,8 +68,10 @@ def landing_request(model_id: str) -> AnalysisCreate:
 
 
 def _submit_landing(service: Any, model_id: str) -> None:
-    """Queue the landing view's analysis; a cached one costs nothing."""
-    service.submit(landing_request(model_id))
+    """Queue the landing view's analysis and then its rho stage (what the page asks next); a cached one
+    costs nothing."""
+    public, _ = service.submit(landing_request(model_id))
+    service.with_rho_json(public.id)
 
 
 class _Preload:

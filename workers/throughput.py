@@ -13,6 +13,9 @@ rate alone (docs/speed.md).
 Why remembered: measuring takes a second, and a CLI run for a 2-direction estimate should not spend it
 every time. The rate is kept per device (CPU model and thread count, or the GPU's name) and width in the
 model cache folder; `refresh` measures again (the benchmarks always do, to compare with their own runs).
+Why it can be forgotten: a rate measured while other work ran on the machine is several times too low,
+and kept for good it would make every later estimate as wrong; a run whose estimate missed by more than
+MISS_FACTOR (`check_estimate`) drops the width's rate, so the next run measures it again.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ CACHE_NAME = "throughput.json"
 METHOD = "width-1s"
 MLP_RATIO = 3  # a block's MLP width against d_model: 8/3 (Llama, SmolLM2) to 4 (GPT-2); Qwen3-1.7B's is 3
 WIDTH_ROWS = 2048  # rows of each product: a chunk of directions times tokens, as the batched backward has
+# an estimate off by more than this (either way) means the remembered rate no longer describes the device
+MISS_FACTOR = 2.0
+# a shorter run is mostly fixed costs (loading, the forward, the summary) that the rate does not describe
+JUDGED_SECONDS = 10.0
 
 
 def device_key(device: str) -> str:
@@ -143,8 +150,33 @@ def matmul_rate(device: str, d_model: int, refresh: bool = False) -> float:
     known = _remembered(path)  # read again: what another process measured meanwhile is kept
     widths = {**_widths(known, key), width: {"flops_per_second": rate, "measured_at": time.time()}}
     known[key] = {"method": METHOD, "widths": widths}
+    _write(path, known)
+    return rate
+
+
+def check_estimate(device: str, d_model: int, estimated_seconds: float, measured_seconds: float) -> bool:
+    """Forget the remembered rate of ``device`` at ``d_model`` when a run took more than MISS_FACTOR
+    times its estimate or less than its inverse; True when it was forgotten (the next run measures)."""
+    if estimated_seconds <= 0 or max(estimated_seconds, measured_seconds) < JUDGED_SECONDS:
+        return False
+    ratio = measured_seconds / estimated_seconds
+    if 1 / MISS_FACTOR <= ratio <= MISS_FACTOR:
+        return False
+    path = cache_dir() / CACHE_NAME
+    key, width = device_key(device), str(d_model)
+    known = _remembered(path)
+    widths = _widths(known, key)
+    if width not in widths:
+        return False
+    del widths[width]
+    known[key] = {"method": METHOD, "widths": widths}
+    _write(path, known)
+    return True
+
+
+def _write(path: Path, known: dict) -> None:
+    """Replace the cache file whole (another process reads either the old file or the new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.part")
     partial.write_text(json.dumps(known, indent=1))
     partial.replace(path)
-    return rate

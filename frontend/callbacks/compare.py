@@ -22,7 +22,7 @@ from frontend.callbacks.controls import ALL_CONTROL_IDS, message_block, state_fr
 from frontend.callbacks.run import failure, post
 from frontend.compare_layout import HIDDEN
 from frontend.exports import COMPARE_CSV_FILENAME, compare_csv
-from frontend.handles import Handle
+from frontend.handles import Handle, stage_line
 from frontend.numbers import percent
 from frontend.plots import message_figure, stat_for_centering
 from frontend.state import state_b
@@ -84,7 +84,7 @@ def register_status(app: dash.Dash) -> None:
         if not handle:
             raise PreventUpdate
         progress = "" if handle.get("status") in ("done", "failed") else f" {100 * handle['progress']:.0f}%"
-        return f"B: {handle.get('stage') or handle.get('status')}{progress}", failure(
+        return f"B: {stage_line(handle) or handle.get('status')}{progress}", failure(
             handle, "compared analysis"
         )
 

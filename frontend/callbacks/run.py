@@ -3,7 +3,8 @@
 Run posts the controls as they are; Sample posts them with the typed continuation replaced by a response
 drawn from the sampler (seed and length from its fields). A cached analysis arrives at once, otherwise
 its handle (`frontend.handles`) is polled: the progress bar and stage follow it, a partial result is
-drawn as soon as it is in, and a refused request or a failed analysis shows the API's own message.
+drawn as soon as it is in, and a refused request or a failed analysis shows the API's own message. A
+finished analysis without rho asks for its rho stage at once, and the poll follows that too.
 
 Whatever is drawn stays until the new analysis has something to draw, so the page says which analysis
 that is: a banner names it whenever the controls describe another one, and the slide and the explorer
@@ -29,6 +30,10 @@ from frontend.handles import (
     is_stale,
     progress_style,
     refused,
+    rho_answered,
+    rho_failed,
+    rho_pending,
+    stage_line,
     view_of,
 )
 from frontend.layout import SIDES
@@ -73,7 +78,8 @@ def post(api: ApiClient, state: DashboardState) -> Handle:
     """POST the state's request; the handle of the API's answer (raises ApiError with its message)."""
     body = api.submit(to_request(state))
     cached = body.get("status") == "done"
-    return handle_from(body, body["id"], cached, sample=sample_of(state), query=analysis_query(state))
+    handle = handle_from(body, body["id"], cached, sample=sample_of(state), query=analysis_query(state))
+    return with_rho_asked(api, handle)
 
 
 def is_landing_response_elsewhere(controls: dict[str, Any]) -> bool:
@@ -160,7 +166,10 @@ def register_tracking(app: dash.Dash, api: ApiClient, summaries: Summaries, side
 
 
 def polled(api: ApiClient, summaries: Summaries, handle: Handle) -> Handle:
-    """The handle after one GET; a partial result is kept for drawing, an unreachable API is a failure."""
+    """The handle after one GET; a partial result is kept for drawing, an unreachable API is a failure.
+    A handle whose analysis is done follows its rho stage instead."""
+    if rho_pending(handle):
+        return rho_polled(api, handle)
     try:
         body = api.analysis(handle["id"])
         partial = partial_result(body)
@@ -171,7 +180,25 @@ def polled(api: ApiClient, summaries: Summaries, handle: Handle) -> Handle:
         return {**handle, "status": FAILED, "stage": "failed", "error": reason}
     if partial is not None:
         summaries.remember_partial(body["id"], partial.kept_share, partial.result)
-    return handle_from(body, handle["request"], sample=handle.get("sample"), query=handle.get("query"))
+    fresh = handle_from(body, handle["request"], sample=handle.get("sample"), query=handle.get("query"))
+    return with_rho_asked(api, fresh)
+
+
+def with_rho_asked(api: ApiClient, handle: Handle) -> Handle:
+    """A finished analysis without rho asks for its rho stage now, so a cached answer (never polled)
+    starts it too; else the handle as it is."""
+    return rho_polled(api, handle) if rho_pending(handle) else handle
+
+
+def rho_polled(api: ApiClient, handle: Handle) -> Handle:
+    """Ask for the rho stage (POST, the first time) or how it is going (GET); a refusal or an
+    unreachable API fails the stage only, the first analysis stays drawn."""
+    stage_id = handle["rho"]["id"]
+    try:
+        body = api.rho(handle["id"]) if stage_id is None else api.analysis(stage_id)
+    except ApiError as error:
+        return rho_failed(handle, str(error))
+    return rho_answered(handle, body)
 
 
 def register_progress(app: dash.Dash) -> None:
@@ -187,7 +214,7 @@ def register_progress(app: dash.Dash) -> None:
     def show_progress(handle: Handle | None):
         if not handle:
             raise PreventUpdate
-        return progress_style(handle.get("progress")), handle.get("stage") or "", failure(handle, "analysis")
+        return progress_style(handle.get("progress")), stage_line(handle), failure(handle, "analysis")
 
 
 def failure(handle: Handle, what: str) -> Any:

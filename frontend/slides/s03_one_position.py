@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -47,15 +49,26 @@ def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
         tensors = [t for t in summary.tensors if t.kind == kind]
         if tensors:
             fig.add_trace(tensor_points(tensors, kind, stat), 1, 1)
-    kinds = summary.kinds
-    rho = go.Bar(
-        x=[k.kind for k in kinds],
-        y=[k.totals["rho_mean"] for k in kinds],
-        marker_color=[kind_color(k.kind) for k in kinds],
-        showlegend=False,
-        name="rho",
-    )
-    fig.add_trace(rho, 1, 2)
+    if summary.rho_available:
+        kinds = summary.kinds
+        rho = go.Bar(
+            x=[k.kind for k in kinds],
+            y=[k.totals["rho_mean"] for k in kinds],
+            marker_color=[kind_color(k.kind) for k in kinds],
+            showlegend=False,
+            name="rho",
+        )
+        fig.add_trace(rho, 1, 2)
+    else:
+        fig.add_annotation(
+            text="ρ needs the Fisher under p:<br>computing it as a second stage",
+            xref="x2 domain",
+            yref="y2 domain",
+            x=0.5,
+            y=0.5,
+            showarrow=False,
+        )
+        fig.update_xaxes(visible=False, row=1, col=2)
     set_axes(fig, [layer_label(row.layer) for row in summary.layers], stat)
     return fig
 
@@ -84,13 +97,29 @@ def tensor_points(tensors: list[TensorTotals], kind: str, stat: str) -> go.Scatt
 def reading(summary: AnalysisSummary, centering: str) -> str:
     fisher, uncentered, raw = (stat_total(summary.totals, key) for key in ("fisher", "uncentered", "raw"))
     stat = stat_for_centering(centering)
-    most_removed = max(summary.kinds, key=lambda k: stat_total(k.totals, "rho_mean"))
     raw_vs_fisher = (
         f"{num(raw / fisher)}× the Fisher" if fisher > 0 else "the Fisher under μ is 0 here: μ is one-hot"
     )
     return (
         f"Shown: {STAT_LABEL[stat]}. Over the whole model the centered Fisher is "
         f"{num(fisher)}, the uncentered second moment {num(uncentered)} and the raw "
-        f"{num(raw)} ({raw_vs_fisher}); centering removes the most in the {most_removed.kind} matrices, "
-        f"mean ρ = {stat_total(most_removed.totals, 'rho_mean'):.2f}."
+        f"{num(raw)} ({raw_vs_fisher}); {where_centering_removes_most(summary)}"
+    )
+
+
+def where_centering_removes_most(summary: AnalysisSummary) -> str:
+    """The kind with the largest mean ρ; or, before ρ is in, why it is not drawn yet."""
+    known = [k for k in summary.kinds if math.isfinite(stat_total(k.totals, "rho_mean"))]
+    if summary.rho_available and known:
+        most_removed = max(known, key=lambda k: stat_total(k.totals, "rho_mean"))
+        return (
+            f"centering removes the most in the {most_removed.kind} matrices, "
+            f"mean ρ = {stat_total(most_removed.totals, 'rho_mean'):.2f}."
+        )
+    if summary.rho_available:
+        return "mean ρ is not a finite number in any kind here."
+    return (
+        "ρ, the share centering removes, needs the Fisher under p as well, "
+        f"{summary.model.d_model} more backward directions per position off the policy: it is being "
+        "computed as a second stage and appears here when done."
     )

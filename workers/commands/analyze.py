@@ -75,6 +75,7 @@ def build_create(args: argparse.Namespace):
             ),
             reward=parse_rewards(args.reward),
             method=args.method,
+            rho=args.rho,
         )
     except ValidationError as error:
         raise UsageError(_validation_line(error)) from None
@@ -95,7 +96,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     job = normalize(create, codec, info, settings.limits())
-    from workers.throughput import matmul_rate
+    from workers.throughput import MISS_FACTOR, check_estimate, matmul_rate
 
     # seconds on the device at hand: its float32 matmul rate at the model's width (measured once,
     # remembered), not a guess
@@ -118,6 +119,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     print(f"certificate: {loaded.certificate.line() if loaded.certificate else 'none'}")
     analysis = _run_with_progress(loaded, job, settings, rate)
+    took = float(analysis.summary["timing"]["seconds"])
+    if check_estimate(args.device, info.d_model, cost.seconds, took):
+        print(
+            f"the estimate ({cost.seconds:.3g} s) missed the run ({took:.3g} s) by more than "
+            f"{MISS_FACTOR:g}x: the matmul rate at this width will be measured again next time"
+        )
     if args.save is not None:
         analysis.save(args.save, metadata={"job": job.canonical_json()})
         print(f"saved per-parameter arrays to {args.save}")

@@ -46,7 +46,7 @@ _REWARD_TOTALS = {"policy_grad": ("policy_grad_sq", True), "bound": ("bound", Fa
 class _First:
     """What the first pass finds in one tensor."""
 
-    totals: dict[str, float]
+    totals: dict[str, float | None]
     hists: dict[str, Histogram]  # per curve stat
     candidates: dict[str, list[Candidate]]  # per top stat without a curve
 
@@ -69,17 +69,22 @@ class _Group:
     """Totals of a set of tensors (a layer, a kind, the model); rho is carried as a size-weighted sum."""
 
     numel: int = 0
-    totals: dict[str, float] = field(default_factory=dict)
+    totals: dict[str, float | None] = field(default_factory=dict)
 
-    def add(self, totals: dict[str, float], numel: int) -> None:
+    def add(self, totals: dict[str, float | None], numel: int) -> None:
         self.numel += numel
         for key, value in totals.items():
-            self.totals[key] = self.totals.get(key, 0.0) + (value * numel if key == "rho_mean" else value)
+            before = self.totals.get(key, 0.0)
+            if value is None or before is None:  # rho where it was not computed
+                self.totals[key] = None
+                continue
+            self.totals[key] = before + (value * numel if key == "rho_mean" else value)
 
-    def finished(self) -> dict[str, float]:
+    def finished(self) -> dict[str, float | None]:
         totals = dict(self.totals)
-        if "rho_mean" in totals and self.numel:
-            totals["rho_mean"] /= self.numel
+        rho_sum = totals.get("rho_mean")
+        if rho_sum is not None and self.numel:
+            totals["rho_mean"] = rho_sum / self.numel
         return totals
 
 
@@ -157,7 +162,7 @@ class TotalsPass:
         """
         sums = self.sums
         joint = self._joint(name) if cpu_kernels.compiled_for(sums.device) else _Joint({}, {}, {}, None)
-        found: dict[str, float] = {}
+        found: dict[str, float | None] = {}
         hists: dict[str, Histogram] = dict(joint.hists)
         candidates: dict[str, list[Candidate]] = {}
         for stat in self.formed:
@@ -185,7 +190,10 @@ class TotalsPass:
                 found[key] = self._total(value, squared)
             if stat in self.top_stats:
                 candidates[stat] = top_candidates(name, value, stat in SIGNED_STATS)
-        found["rho_mean"] = self._rho_mean(name) if joint.rho_mean is None else joint.rho_mean
+        if sums.has_rho:
+            found["rho_mean"] = self._rho_mean(name) if joint.rho_mean is None else joint.rho_mean
+        else:
+            found["rho_mean"] = None
         # the order of the contract's totals; a stat zero by construction was never formed: 0
         totals = {key: found.get(key, 0.0) for key in self.total_keys}
         return _First(totals, {stat: hists[stat] for stat in self.curve}, candidates)
@@ -209,7 +217,7 @@ class TotalsPass:
             ),
             None,
         )
-        rho = sums.rho_terms(name)
+        rho = sums.rho_terms(name) if sums.has_rho else None
         totals, square_sum, share_sum = totals_in_one_pass(
             list(binned.values()), None if squared is None else sums.stat(squared, name), rho
         )
@@ -219,7 +227,7 @@ class TotalsPass:
             dict(zip(curve, histograms_in_one_pass([binned[stat] for stat in curve]), strict=True)),
             dict(zip(binned, totals, strict=True)),
             {} if squared is None else {squared: square_sum},
-            share_sum / size if size else 0.0,
+            None if rho is None else share_sum / size if size else 0.0,
         )
 
     def record_first(self, name: str, first: _First) -> None:

@@ -49,18 +49,21 @@ class PositionInputs:
     mu: torch.Tensor  # [V] float64, the sampler
     reward: torch.Tensor | None  # [V] float64 reward over next tokens, or None
     on_policy: bool  # mu == p by construction (the sampler's config, not a float comparison)
+    # off the policy, also the second moment under p (d_model directions more), which only rho needs
+    fisher_under_p: bool = True
 
 
 @dataclass
 class PositionMoments:
     """Base per-parameter moments at one position (name -> tensor shaped like the parameter).
 
-    fisher: Var_mu[kappa]; fisher_p: Var_p[kappa] (the same dict on-policy); kbar_mu, kbar_p: mean
-    sensitivities; policy_grad: Cov_mu(r, kappa) when a reward is given.
+    fisher: Var_mu[kappa]; fisher_p: Var_p[kappa] (the same dict on-policy; None off the policy when it
+    was not asked for); kbar_mu, kbar_p: mean sensitivities; policy_grad: Cov_mu(r, kappa) when a reward
+    is given.
     """
 
     fisher: Params
-    fisher_p: Params
+    fisher_p: Params | None
     kbar_mu: Params
     kbar_p: Params
     policy_grad: Params | None
@@ -179,11 +182,11 @@ def _fisher_plans(
     inputs: PositionInputs, jacobian: LogitJacobian, table_rows: list[int], method: Method
 ) -> tuple[OutputCovariance, OutputCovariance, dict[str, SecondMomentPlan]]:
     """C_mu and C_p (the same on-policy), and the directions of each Fisher: ``fisher`` under mu and,
-    off-policy, ``fisher_p`` under p."""
+    off-policy when asked, ``fisher_p`` under p (C_p's mean row is needed either way: kbar_p)."""
     cov_mu = output_covariance(jacobian, inputs.mu)
     cov_p = cov_mu if inputs.on_policy else output_covariance(jacobian, inputs.p)
     plans = {"fisher": second_moment_plan(inputs.mu, cov_mu, jacobian, table_rows, method)}
-    if not inputs.on_policy:
+    if not inputs.on_policy and inputs.fisher_under_p:
         plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
     return cov_mu, cov_p, plans
 
@@ -280,7 +283,7 @@ class _Assembly:
         plan_mu = self.plans["fisher"]
         return PositionMoments(
             fisher=second["fisher"],
-            fisher_p=second.get("fisher_p", second["fisher"]),
+            fisher_p=second["fisher"] if inputs.on_policy else second.get("fisher_p"),
             kbar_mu=kbar_mu,
             kbar_p=kbar_p,
             policy_grad=policy_grad,

@@ -164,8 +164,12 @@ def analyze_sequence(
     progress: Progress | None = None,
     on_partial: SequencePartial | None = None,
     observe: Callable[[PositionMoments], None] | None = None,
+    fisher_under_p: bool = True,
 ) -> SequenceAnalysis:
     """Analyse the prefix's next token, or every response position when a continuation is given.
+
+    ``fisher_under_p``: off the policy, also the second moment under p at every position (d_model
+    directions more each, which only rho needs); without it rho is not known (``MomentSums.has_rho``).
 
     ``on_partial(snapshot, kept_share)``: for a prefix (one position), called after each chunk of
     directions but the last; ``snapshot()`` is the analysis the directions so far give, to be read
@@ -182,7 +186,7 @@ def analyze_sequence(
     for t in range(n_positions):
         target = forward.target(t)
         p, mu = forward.distributions(t)
-        inputs = PositionInputs(forward.context(t), p, mu, reward, sampler.is_on_policy)
+        inputs = PositionInputs(forward.context(t), p, mu, reward, sampler.is_on_policy, fisher_under_p)
         capture = forward.capture(t)
 
         def chunk_progress(fraction: float, t: int = t) -> None:

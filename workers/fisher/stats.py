@@ -17,13 +17,17 @@ from typing import TypeVar
 
 import torch
 
-from backend.vocabulary import STATS
+from backend.vocabulary import RHO_NOT_ASKED, STATS
 from workers.fisher import cpu_kernels
 from workers.fisher.position import PositionMoments
 from workers.fisher.terms import StatTerms
 
 Params = dict[str, torch.Tensor]
 _Result = TypeVar("_Result")
+
+
+class RhoNotComputed(ValueError):
+    """rho asked of sums that lack the second moment under p."""
 
 
 def square_total(values: Sequence[torch.Tensor]) -> float:
@@ -50,6 +54,8 @@ class MomentSums:
     positions: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
+    # an off-policy position without the second moment under p was folded in: rho is not known
+    without_fisher_p: bool = False
 
     SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
@@ -61,6 +67,8 @@ class MomentSums:
         if self.positions == 1:
             self._materialize_squares()
         track_squares = self.positions >= 1
+        if not on_policy and m.fisher_p is None:
+            self.without_fisher_p = True
         for name in self.names:
             kmu, kp, f = m.kbar_mu[name], m.kbar_p[name], m.fisher[name]
             if not m.fisher_zero:  # a one-hot mu adds nothing: keep no P-sized zeros
@@ -68,7 +76,8 @@ class MomentSums:
             if not on_policy:
                 shift = kmu - kp
                 self._add("mean_shift", name, shift)
-                self._add("fisher_p", name, m.fisher_p[name])
+                if m.fisher_p is not None:
+                    self._add("fisher_p", name, m.fisher_p[name])
                 if track_squares:
                     self._add_square("mean_shift_sq", name, shift)
                     self._add_square("kbar_mu_sq", name, kmu)
@@ -122,6 +131,11 @@ class MomentSums:
     @property
     def has_mean_shift(self) -> bool:
         return "mean_shift" in self.sums
+
+    @property
+    def has_rho(self) -> bool:
+        """rho needs E_p[kappa^2]: free on the policy, the second moment under p off it."""
+        return not self.without_fisher_p
 
     def identically_zero(self, stat: str) -> bool:
         """True when a stat is zero by construction (no computation needed to know it)."""
@@ -181,7 +195,10 @@ class MomentSums:
         return self.sums["fisher"][name] if "fisher" in self.sums else self._zeros(name)
 
     def rho_terms(self, name: str) -> StatTerms:
-        """fisher_p + common_sq: rho is its common term's share (``StatTerms.extra_share``), 0 where 0/0."""
+        """fisher_p + common_sq: rho is its common term's share (``StatTerms.extra_share``), 0 where 0/0.
+        Refused (``RhoNotComputed``) where the second moment under p was not asked for."""
+        if not self.has_rho:
+            raise RhoNotComputed(RHO_NOT_ASKED)
         fisher_p = self._get("fisher_p", name)
         return self._plus_square(self._fisher(name) if fisher_p is None else fisher_p, "common_sq", name)
 
