@@ -265,6 +265,12 @@ class AnalysisSummary(_Strict):
         description="rho was computed: on the policy always; off it only when asked (request field rho), "
         "else every rho_mean is null and no rho arrays exist",
     )
+    processes: int = Field(..., description="processes the directions were split over (torchrun); 1 alone")
+    directions_per_process: list[int] = Field(
+        ...,
+        description="backward directions each process ran over all positions: they add up to what one "
+        "process alone runs",
+    )
     positions: list[PositionSummary]
     totals: Totals
     tensors: list[TensorTotals]

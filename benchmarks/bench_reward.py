@@ -3,7 +3,8 @@
 Runs the landing example (SmolLM2-135M by default: " tea with her" after "She drank a cup of", T 0.7,
 top-k 50, exact, reward ' tea'=1 ' coffee'=0) as a whole analysis, then the same request under three
 other rewards, each answered from the first one's kept Fisher roots (workers.reward_reuse), and once
-more whole in a fresh store for comparison. Prints the seconds of each and their ratios.
+more whole in a fresh store for comparison; last the first request with rho (the Fisher under p as
+well: what the dashboard's second stage runs). Prints the seconds of each and their ratios.
 
 Usage: .venv/bin/python benchmarks/bench_reward.py [--model smollm2-135m] [--prefix-only]
 """
@@ -95,6 +96,9 @@ def main() -> None:
         alone = settings("alone")
         again = timed(LocalStore(alone.results_dir), alone, job(REWARDS[1]))
         print(f"the same change as a whole analysis:     {again:7.2f} s   reward {REWARDS[1]}")
+        staged = settings("rho")
+        rho = timed(LocalStore(staged.results_dir), staged, job(REWARDS[0]).model_copy(update={"rho": True}))
+        print(f"with rho (the Fisher under p as well):   {rho:7.2f} s   {rho / whole:5.1f}x the first answer")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from workers.fisher.response import SequenceAnalysis, analyze_sequence
 from workers.fisher.response_summary import response_summary
 from workers.fisher.reward_pass import FisherRoots, policy_gradient_pass
 from workers.fisher.reward_summary import RewardParts, reward_entries, reward_vector, summary_with_reward
+from workers.fisher.shards import current_shard, gathered
 from workers.fisher.stats import each_tensor
 from workers.fisher.top_sets import levels_at
 from workers.models.loading import LoadedModel
@@ -220,7 +221,9 @@ def run_analysis(
         fisher_under_p=request.rho,
     )
     report("summary", 0.0)
-    summary = build_summary(loaded, request, sequence, HeadLayout.of(model), reward)
+    # every process takes part in the count: the summary states how the directions were split
+    per_process = gathered(sequence.directions) if current_shard() is not None else None
+    summary = build_summary(loaded, request, sequence, HeadLayout.of(model), reward, False, per_process)
     summary["timing"] = {"seconds": time.perf_counter() - started, "fisher_reused": False}
     report("summary", 1.0)
     return Analysis(request, sequence, summary, roots)
@@ -275,7 +278,11 @@ def build_summary(
     layout: HeadLayout,
     reward: torch.Tensor | None,
     light: bool = False,
+    directions_per_process: list[int] | None = None,
 ) -> dict:
+    """The summary of ``sequence``; ``directions_per_process``: the directions each process ran (under
+    torchrun; alone, this one's)."""
+    per_process = directions_per_process or [sequence.directions]
     decode = loaded.decode_token
     info = loaded.info
     sampler = request.sampler
@@ -317,6 +324,8 @@ def build_summary(
             "missing_estimate": max(r.missing_estimate for r in sequence.positions),
         },
         "rho_available": sequence.sums.has_rho,
+        "processes": len(per_process),
+        "directions_per_process": per_process,
         "positions": positions,
         **whole,
         "response": response_summary(sequence, decode),

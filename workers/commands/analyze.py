@@ -13,6 +13,7 @@ from pathlib import Path
 
 from workers.commands.common import UsageError, check_outputs, progress_bar, quiet_transformers
 from workers.commands.options import check_monte_carlo
+from workers.commands.processes import device_of_process, launched_by_torchrun, process_group
 
 
 def parse_rewards(items: Sequence[str]) -> dict[str, float]:
@@ -82,6 +83,14 @@ def build_create(args: argparse.Namespace):
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    """One analysis; under ``torchrun`` every process runs it on a share of the directions and rank 0
+    writes the outputs (``workers.commands.processes``)."""
+    args.device = device_of_process(args.device)
+    with process_group(args.device) as rank:
+        return _analyze(args, writes=rank == 0)
+
+
+def _analyze(args: argparse.Namespace, writes: bool) -> int:
     create = build_create(args)
     check_outputs({"--save": args.save, "--summary": args.summary})
     if args.tf32:
@@ -120,11 +129,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(f"certificate: {loaded.certificate.line() if loaded.certificate else 'none'}")
     analysis = _run_with_progress(loaded, job, settings, rate)
     took = float(analysis.summary["timing"]["seconds"])
-    if check_estimate(args.device, info.d_model, cost.seconds, took):
+    # the estimate is one process's: split over several, a run is faster than it without the rate changing
+    if not launched_by_torchrun() and check_estimate(args.device, info.d_model, cost.seconds, took):
         print(
             f"the estimate ({cost.seconds:.3g} s) missed the run ({took:.3g} s) by more than "
             f"{MISS_FACTOR:g}x: the matmul rate at this width will be measured again next time"
         )
+    if not writes:
+        return 0
     if args.save is not None:
         analysis.save(args.save, metadata={"job": job.canonical_json()})
         print(f"saved per-parameter arrays to {args.save}")

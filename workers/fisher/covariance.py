@@ -75,17 +75,9 @@ def output_covariance(jacobian: LogitJacobian, q: torch.Tensor) -> OutputCovaria
     Why in blocks of rows: two float64 copies of a [V, d] head (226 MB each on SmolLM2) cost more in
     first-touch page faults than the product itself.
     """
-    support = q > 0
-    index = support.nonzero()[:, 0]
-    weights = q[support]
-    blocks = [
-        (index[lo : lo + ROWS_PER_BLOCK], weights[lo : lo + ROWS_PER_BLOCK])
-        for lo in range(0, index.numel(), ROWS_PER_BLOCK)
-    ]
+    blocks = _support_blocks(q)
     width = jacobian.weight.shape[1]
-    mean_row = torch.zeros(width, dtype=torch.float64, device=q.device)
-    for rows, w in blocks:
-        mean_row += w @ jacobian.rows(rows)
+    mean_row = _mean_row(jacobian, blocks, q)
     cov = torch.zeros(width, width, dtype=torch.float64, device=q.device)
     edges = [width * k // GRAM_COLUMN_BLOCKS for k in range(GRAM_COLUMN_BLOCKS + 1)]
     for rows, w in blocks:
@@ -98,5 +90,30 @@ def output_covariance(jacobian: LogitJacobian, q: torch.Tensor) -> OutputCovaria
         eigenvalues=eigenvalues.flip(0),
         eigenvectors=eigenvectors.flip(1),
         mean_row=mean_row,
-        support=int(support.sum()),
+        support=int((q > 0).sum()),
     )
+
+
+def mean_logit_row(jacobian: LogitJacobian, q: torch.Tensor) -> torch.Tensor:
+    """jbar = sum_a q_a j_a [d] (float64) alone: what a first moment needs, without C_q's V d^2 Gram."""
+    return _mean_row(jacobian, _support_blocks(q), q)
+
+
+def _support_blocks(q: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(row indices, weights) of q's support, ROWS_PER_BLOCK at a time."""
+    support = q > 0
+    index = support.nonzero()[:, 0]
+    weights = q[support]
+    return [
+        (index[lo : lo + ROWS_PER_BLOCK], weights[lo : lo + ROWS_PER_BLOCK])
+        for lo in range(0, index.numel(), ROWS_PER_BLOCK)
+    ]
+
+
+def _mean_row(
+    jacobian: LogitJacobian, blocks: list[tuple[torch.Tensor, torch.Tensor]], q: torch.Tensor
+) -> torch.Tensor:
+    mean_row = torch.zeros(jacobian.weight.shape[1], dtype=torch.float64, device=q.device)
+    for rows, w in blocks:
+        mean_row += w @ jacobian.rows(rows)
+    return mean_row

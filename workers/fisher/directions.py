@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -38,6 +39,7 @@ from workers.fisher.block_squares import (
     ghost_moments_compiled,
 )
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
+from workers.fisher.shards import current_shard, sum_over_processes
 
 Progress = Callable[[float], None]
 ChunkCallback = Callable[[Callable[[], "DirectionResults"], list[int]], None]
@@ -83,6 +85,7 @@ class DirectionResults:
     probes: dict[str, torch.Tensor] = field(default_factory=dict)  # [d] per probe
     # a snapshot's tensors that are still the running pass's sums (read, never write): group -> names
     lent: dict[str, set[str]] = field(default_factory=dict)
+    directions: int = 0  # back-propagated by this process (all of them but under torchrun)
 
     def owns(self, group: str, name: str) -> bool:
         """Whether a tensor of a group is the results' own (to write into), not the running pass's."""
@@ -293,10 +296,11 @@ class _DirectionPass:
             local, own, _ = found
             self.summed_rows[probe.name] += probe.coordinates[own] @ rows[local].to(torch.float64)
 
-    def finish(self, keep: bool = False) -> DirectionResults:
-        """The results; ``keep``: a snapshot of what the chunks so far give, the pass going on (it reads
-        the running sums: it holds until the next chunk)."""
+    def finish(self, keep: bool = False, directions: int = 0) -> DirectionResults:
+        """The results; ``keep``: a snapshot of what the chunks so far give (``directions`` of them), the
+        pass going on (it reads the running sums: it holds until the next chunk)."""
         results = DirectionResults(probes=dict(self.results.probes)) if keep else self.results
+        results.directions = directions
         for name, row in self.summed_rows.items():  # a snapshot's copy: the pass adds on into the row
             results.probes[name] = row.clone() if keep else row
         for square, acc in zip(self.squares, self.accumulators, strict=True):
@@ -335,8 +339,9 @@ def backprop_directions(
     (read them before ``on_chunk`` returns: the next chunk adds into the sums they read).
     With it, the first chunk is kept small so that a first partial result comes early.
     """
+    shard = current_shard()
     work = _DirectionPass(capture, squares, linears, probes, memory_budget_bytes)
-    if work.vectors is None:
+    if work.vectors is None and shard is None:
         return DirectionResults()
     hidden = capture.hidden[position]
     targets = direction_targets(capture)
@@ -345,9 +350,15 @@ def backprop_directions(
     if progress is not None:
         progress(0.0)
     lead = work.square_offsets[0]
-    first = first_chunk_directions(capture.length)
-    bounds = chunk_bounds(total, lead, chunk, first if on_chunk is not None else None)
-    for start, stop in zip(bounds, bounds[1:], strict=False):
+    if shard is None:
+        first = first_chunk_directions(capture.length)
+        bounds = chunk_bounds(total, lead, chunk, first if on_chunk is not None else None)
+        chunks = list(zip(bounds, bounds[1:], strict=False))
+    else:  # this process's share, no partial results (a partial would be one process's share only)
+        chunks = [(a, min(a + chunk, hi)) for lo, hi in shard.rows(lead, total) for a in range(lo, hi, chunk)]
+        on_chunk = None
+    for start, stop in chunks:
+        assert work.vectors is not None
         grads = batched_grad(hidden, targets, work.vectors[start:stop])
         work.fold(start, stop - start, grads)
         # freed before the next chunk's backward, which then reuses the pages: held until it returned,
@@ -356,8 +367,25 @@ def backprop_directions(
         if progress is not None:
             progress(stop / total)
         if on_chunk is not None and lead < stop < total:  # a partial result holds some of the trace
-            on_chunk(lambda: work.finish(keep=True), work.done_per_group(stop))
-    return work.finish()
+            on_chunk(partial(work.finish, keep=True, directions=stop), work.done_per_group(stop))
+    results = work.finish(directions=sum(stop - start for start, stop in chunks))
+    if shard is not None:
+        _sum_over_processes(results, work)
+    return results
+
+
+def _sum_over_processes(results: DirectionResults, work: _DirectionPass) -> None:
+    """Every process's partial sums added up (``shards``): each group's parameter tensors, the probes'
+    rows back-propagated (the model's dtype) and summed from coordinates (float64) apart."""
+    shapes = work.capture.shapes
+    grown = {probe.name: (shapes[probe.param][-1],) for probe in work.probes}
+    summed = {probe.name: (shapes[probe.param][-1],) for probe in work.summed}
+    own = {name: results.probes[name] for name in grown if name in results.probes}
+    from_coordinates = {name: results.probes[name] for name in summed if name in results.probes}
+    tables = [results.squares.setdefault(s.name, {}) for s in work.squares]
+    tables += [results.linears.setdefault(g.name, {}) for g in work.linears]
+    sum_over_processes(tables + [own, from_coordinates], [shapes] * len(tables) + [grown, summed])
+    results.probes = {**own, **from_coordinates}
 
 
 def chunk_bounds(total: int, lead: int, chunk: int, first: int | None) -> list[int]:

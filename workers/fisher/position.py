@@ -24,7 +24,7 @@ from workers.fisher.capture import (
     model_part,
     module_weight,
 )
-from workers.fisher.covariance import OutputCovariance, output_covariance
+from workers.fisher.covariance import OutputCovariance, mean_logit_row, output_covariance
 from workers.fisher.directions import (
     ChunkCallback,
     DirectionResults,
@@ -70,11 +70,12 @@ class PositionMoments:
     hidden: torch.Tensor  # [d] h(s)
     head_scale: torch.Tensor  # [V] float64 g'(l): the logit map's derivative (ones for a linear head)
     cov_mu: OutputCovariance
-    cov_p: OutputCovariance
+    cov_p: OutputCovariance | None  # None off the policy without the Fisher under p
     plan_mu: SecondMomentPlan
     reward_mean: float | None = None
     reward_std: float | None = None
     fisher_zero: bool = False  # the centered Fisher is identically 0 (one-hot mu)
+    directions: int = 0  # back-propagated by this process
 
 
 @dataclass
@@ -159,7 +160,8 @@ def position_moments(
     squares = [SquareGroup(name, plan.vectors, plan.weights) for name, plan in plans.items()]
     linears = [LinearGroup("kbar_mu", cov_mu.mean_row)]
     if not inputs.on_policy:
-        linears.append(LinearGroup("kbar_p", cov_p.mean_row))
+        p_row = mean_logit_row(jacobian, inputs.p) if cov_p is None else cov_p.mean_row
+        linears.append(LinearGroup("kbar_p", p_row))
     reward_mean, reward_std, policy_grad = _reward_direction(inputs, jacobian)
     if policy_grad is not None:
         linears.append(policy_grad)
@@ -180,14 +182,18 @@ def position_moments(
 
 def _fisher_plans(
     inputs: PositionInputs, jacobian: LogitJacobian, table_rows: list[int], method: Method
-) -> tuple[OutputCovariance, OutputCovariance, dict[str, SecondMomentPlan]]:
-    """C_mu and C_p (the same on-policy), and the directions of each Fisher: ``fisher`` under mu and,
-    off-policy when asked, ``fisher_p`` under p (C_p's mean row is needed either way: kbar_p)."""
+) -> tuple[OutputCovariance, OutputCovariance | None, dict[str, SecondMomentPlan]]:
+    """C_mu and C_p (the same on-policy; None off it when the Fisher under p is not asked for: its
+    V d^2 Gram product costs a second per position on SmolLM2), and the directions of each Fisher:
+    ``fisher`` under mu and, off-policy when asked, ``fisher_p`` under p."""
     cov_mu = output_covariance(jacobian, inputs.mu)
-    cov_p = cov_mu if inputs.on_policy else output_covariance(jacobian, inputs.p)
     plans = {"fisher": second_moment_plan(inputs.mu, cov_mu, jacobian, table_rows, method)}
-    if not inputs.on_policy and inputs.fisher_under_p:
-        plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
+    if inputs.on_policy:
+        return cov_mu, cov_mu, plans
+    if not inputs.fisher_under_p:
+        return cov_mu, None, plans
+    cov_p = output_covariance(jacobian, inputs.p)
+    plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
     return cov_mu, cov_p, plans
 
 
@@ -245,7 +251,7 @@ class _Assembly:
     inputs: PositionInputs
     plans: dict[str, SecondMomentPlan]
     cov_mu: OutputCovariance
-    cov_p: OutputCovariance
+    cov_p: OutputCovariance | None
     reward_mean: float | None
     reward_std: float | None
 
@@ -295,6 +301,7 @@ class _Assembly:
             reward_mean=self.reward_mean,
             reward_std=self.reward_std,
             fisher_zero=self.cov_mu.support <= 1,  # a point mass has no variance: every Fisher is 0
+            directions=results.directions,
         )
 
 

@@ -59,6 +59,7 @@ class SequenceAnalysis:
     positions: list[PositionRecord] = field(default_factory=list)
     accumulated_shift_sq: list[float] = field(default_factory=list)  # sum_i (sum_{t<=T'} m_i)^2
     sft_gradient: dict[str, torch.Tensor] | None = None  # d log pi(y|x)/dtheta (data sampler)
+    directions: int = 0  # back-propagated by this process over all positions (a share under torchrun)
 
 
 @torch.no_grad()
@@ -233,6 +234,7 @@ def _fold_position(
     """Keep a position's record, show its moments to ``observe``, then fold them into the running sums
     (and, off the policy, the squared mean shift accumulated so far)."""
     result.positions.append(record)
+    result.directions += moments.directions
     if observe is not None:
         observe(moments)
     result.sums.add(moments)
@@ -246,7 +248,7 @@ def _single(layout: HeadLayout, inputs: PositionInputs, moments: PositionMoments
     """The analysis of one position from its moments (a partial result's snapshot)."""
     sums = MomentSums(layout.names, layout.shapes)
     sums.add(moments)
-    return SequenceAnalysis(sums, positions=[_record(inputs, moments, None)])
+    return SequenceAnalysis(sums, positions=[_record(inputs, moments, None)], directions=moments.directions)
 
 
 def _record(inputs: PositionInputs, m: PositionMoments, target: int | None) -> PositionRecord:

@@ -48,6 +48,10 @@ def summary_with_reward(
 ) -> tuple[dict, dict[str, dict[str, dict]]]:
     """``summary``/``pooled`` (of any reward, or none) with ``reward``'s parts in place of theirs."""
     out = copy.deepcopy(summary)
+    # the directions the whole analysis would count: the policy gradient's, one per position, with a reward
+    # (a first moment: rank 0's share)
+    had, has = bool(out["reward"]), bool(reward.entries)
+    out["directions_per_process"][0] += len(out["positions"]) * (int(has) - int(had))
     out["reward"] = reward.entries
     _positions(out["positions"], reward, roots)
     top = out.get("top_coordinates")

@@ -1,0 +1,129 @@
+"""One analysis over two processes (torch.distributed, gloo on the CPU), as ``torchrun`` runs it: each
+process back-propagates a share of every position's directions and the results are summed; the
+numbers equal one process's, on three families (one of them MoE), off the policy, along a response."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from backend.vocabulary import STATS, Method, Sampler
+from tests.tiny_models import BUDGET, tiny_model
+from workers.fisher.response import SequenceAnalysis, analyze_sequence
+from workers.fisher.shards import Shard, current_shard, gathered
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("llama", "qwen2", "qwen3_moe")
+PROCESSES = 2
+
+
+def _analysis(family: str) -> SequenceAnalysis:
+    model = tiny_model(family, tied=True)
+    reward = torch.zeros(model.config.vocab_size, dtype=torch.float64)
+    reward[5], reward[8] = 1.0, -0.5
+    return analyze_sequence(
+        model,
+        torch.tensor([3, 5, 3]),
+        torch.tensor([8, 3, 1]),
+        Sampler(temperature=0.7, top_k=5),
+        Method(),
+        reward,
+        memory_budget_bytes=BUDGET,
+        fisher_under_p=True,
+    )
+
+
+def _stats(result: SequenceAnalysis) -> dict[str, dict[str, torch.Tensor]]:
+    return {stat: {name: value.clone() for name, value in result.sums.iter_stat(stat)} for stat in STATS}
+
+
+def _process(rank: int, world: int, rendezvous: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        assert current_shard() == Shard(rank, world)
+        found = {}
+        for family in FAMILIES:
+            result = _analysis(family)
+            counts = gathered(result.directions)  # every process takes part
+            found[family] = {"stats": _stats(result), "directions": counts}
+        if rank == 0:
+            torch.save(found, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("shards")
+    out = folder / "rank0.pt"
+    mp.spawn(_process, args=(PROCESSES, str(folder / "rendezvous"), str(out)), nprocs=PROCESSES, join=True)
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_processes_give_one_processs_numbers(split, family):
+    assert current_shard() is None  # this process runs alone
+    alone = _analysis(family)
+    expected = _stats(alone)
+    for stat, table in split[family]["stats"].items():
+        scale = max(float(v.abs().max()) for v in expected[stat].values()) or 1.0
+        for name, value in table.items():
+            torch.testing.assert_close(value, expected[stat][name], rtol=1e-4, atol=1e-9 * scale)
+    counts = split[family]["directions"]
+    assert sum(counts) == alone.directions and all(count > 0 for count in counts)
+
+
+def test_the_shares_cover_every_direction_once():
+    for lead, total in ((0, 0), (3, 3), (3, 4), (2, 103), (0, 7)):
+        for world in (1, 2, 3, 8):
+            rows = [
+                r
+                for rank in range(world)
+                for lo, hi in Shard(rank, world).rows(lead, total)
+                for r in range(lo, hi)
+            ]
+            assert rows == list(range(total)), (lead, total, world)
+
+
+@pytest.mark.slow
+def test_fisherscope_analyze_under_torchrun_writes_one_processs_numbers(tmp_path, tiny_random):
+    """``torchrun --nproc-per-node 2 -m workers.cli analyze``: rank 0 writes the summary and arrays, which
+    equal one process's; the summary says how the directions were split."""
+    argv = [
+        "analyze", "--model", "tiny-random", "--prefix", "She drank a cup of", "--continuation", " tea with",
+        "--temperature", "0.7", "--top-k", "9", "--reward", " tea=1", "--rho",
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    alone, split = tmp_path / "alone", tmp_path / "split"
+    for folder, launcher in (
+        (alone, [sys.executable, "-m", "workers.cli"]),
+        (
+            split,
+            [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "-m", "workers.cli"],
+        ),
+    ):
+        folder.mkdir()
+        outputs = ["--summary", str(folder / "s.json"), "--save", str(folder / "a.safetensors")]
+        done = subprocess.run([*launcher, *argv, *outputs], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    one, two = (json.loads((folder / "s.json").read_text()) for folder in (alone, split))
+    assert (one["processes"], two["processes"]) == (1, 2)
+    assert sum(two["directions_per_process"]) == one["directions_per_process"][0]
+    assert all(count > 0 for count in two["directions_per_process"])
+    for key, value in one["totals"].items():
+        assert two["totals"][key] == pytest.approx(value, rel=1e-4), key
+    a, b = load_file(alone / "a.safetensors"), load_file(split / "a.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        scale = float(a[key].abs().max()) or 1.0
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6 * scale, msg=key)

@@ -1,0 +1,85 @@
+"""One analysis over several processes (``torchrun``): each runs a share of every position's directions
+and the per-parameter results are summed once per position.
+
+Why the directions: every moment is a sum over directions (a square group's weighted squares, a first
+moment's one gradient, a probe's row), so a process that runs some of them holds a partial sum, and the
+sum of the partial sums is the single process's result up to float32 rounding. Every process computes
+the same forward, C_mu and plans (deterministic, float64), so they agree on the directions without
+sending them. The first moments and probes (a few directions) run on rank 0; the square directions are
+split into contiguous equal shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int
+    world: int
+
+    def rows(self, lead: int, total: int) -> list[tuple[int, int]]:
+        """The row ranges this process runs of ``total`` directions whose first ``lead`` are first
+        moments and probes: those on rank 0, then its share of the square directions."""
+        squares = total - lead
+        lo = lead + squares * self.rank // self.world
+        hi = lead + squares * (self.rank + 1) // self.world
+        ranges = [(0, lead)] if self.rank == 0 and lead else []
+        return ranges + ([(lo, hi)] if hi > lo else [])
+
+
+def current_shard() -> Shard | None:
+    """This process's shard when torch.distributed runs more than one process, else None."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return Shard(dist.get_rank(), dist.get_world_size())
+    return None
+
+
+def sum_over_processes(tables: list[dict[str, torch.Tensor]], shapes: list[dict[str, tuple]]) -> None:
+    """Sum each table's tensors over the processes, in place: a name no process has stays absent, one
+    that some have is summed with zeros for the others (every process ends with the same tables).
+
+    ``tables[k]`` maps names to tensors; ``shapes[k]`` lists every name it may hold with its shape (the
+    same on every process, in the same order). Every process makes the same collective calls."""
+    device = collective_device()
+    keys = [(k, name) for k, table_shapes in enumerate(shapes) for name in table_shapes]
+    present = torch.tensor([name in tables[k] for k, name in keys], dtype=torch.int32, device=device)
+    dist.all_reduce(present)
+    # each table's dtype, for a process that holds none of its tensors
+    codes = torch.tensor([_code(table) for table in tables], dtype=torch.int32, device=device)
+    dist.all_reduce(codes, op=dist.ReduceOp.MAX)
+    for (k, name), count in zip(keys, present.tolist(), strict=True):
+        if not count:
+            continue
+        value = tables[k].get(name)
+        if value is None:
+            value = torch.zeros(shapes[k][name], dtype=_DTYPES[int(codes[k])], device=device)
+            tables[k][name] = value
+        dist.all_reduce(value)
+
+
+_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _code(table: dict[str, torch.Tensor]) -> int:
+    found = next(iter(table.values()), None)
+    return -1 if found is None else _DTYPES.index(found.dtype)
+
+
+def collective_device() -> torch.device:
+    """Where this process's collective tensors live: its GPU under NCCL, else the CPU (gloo)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def gathered(count: int) -> list[int]:
+    """``count`` of every process, in rank order."""
+    device = collective_device()
+    found = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(found, torch.tensor([count], dtype=torch.int64, device=device))
+    return [int(value) for value in found]
