@@ -127,3 +127,43 @@ def test_fisherscope_analyze_under_torchrun_writes_one_processs_numbers(tmp_path
     for key in a:
         scale = float(a[key].abs().max()) or 1.0
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6 * scale, msg=key)
+
+
+@pytest.mark.slow
+def test_fisherscope_study_under_torchrun_samples_the_same_responses_and_sums(tmp_path, tiny_random):
+    """``torchrun --nproc-per-node 2 -m workers.cli study``: the seeds fix the responses on every process,
+    each runs a share of every context's directions; rank 0 writes what one process would."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        '{"prompt": "2+2=", "target": "4"}\n{"prompt": "She drank a cup of", "target": " tea"}\n'
+    )
+    argv = [
+        "study", "--model", "tiny-random", "--prompts", str(prompts), "--samples", "2", "--max-tokens", "3",
+        "--temperature", "0.7", "--top-k", "9", "--reward-regex", "{target}", "--q", "0.01,0.05",
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    alone, split = tmp_path / "alone", tmp_path / "split"
+    for folder, launcher in (
+        (alone, [sys.executable, "-m", "workers.cli"]),
+        (
+            split,
+            [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "-m", "workers.cli"],
+        ),
+    ):
+        folder.mkdir()
+        outputs = ["--summary", str(folder / "s.json"), "--masks", str(folder / "m.safetensors")]
+        done = subprocess.run([*launcher, *argv, *outputs], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    one, two = (json.loads((folder / "s.json").read_text()) for folder in (alone, split))
+    assert [r["continuation_ids"] for r in two["responses"]] == [
+        r["continuation_ids"] for r in one["responses"]
+    ]
+    assert two["counts"] == one["counts"]
+    for key, value in one["totals"].items():
+        assert two["totals"][key] == pytest.approx(value, rel=1e-4, abs=1e-9), key
+    for q, shares in one["masks"]["by_q"].items():
+        assert two["masks"]["by_q"][q]["count"] == shares["count"]
+    a, b = load_file(alone / "m.safetensors"), load_file(split / "m.safetensors")
+    held = sum(int(a[key].sum()) for key in a)
+    shared = sum(int((a[key] & b[key]).sum()) for key in a)
+    assert shared >= 0.99 * held  # the same top sets, but for ties float32 rounding may reorder

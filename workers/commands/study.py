@@ -156,6 +156,16 @@ def _check_reward_targets(path: Path, prompts: list, reward: RewardRule) -> None
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    """A study; under ``torchrun`` every process samples the same responses (the seeds fix them) and runs
+    a share of every context's directions; rank 0 writes the outputs (``workers.commands.processes``)."""
+    from workers.commands.processes import device_of_process, process_group
+
+    args.device = device_of_process(args.device)
+    with process_group(args.device) as rank:
+        return _study(args, writes=rank == 0)
+
+
+def _study(args: argparse.Namespace, writes: bool) -> int:
     from workers.studies.prompts import PromptFileError, read_prompts, require_targets
 
     spec = study_spec(args)
@@ -186,6 +196,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     part = _run_with_progress(loaded, spec, encoded)
+    if not writes:
+        return 0
     from workers.studies.files import atomic_outputs, write_arrays, write_masks, write_summary
     from workers.studies.runner import model_meta
     from workers.studies.summary import finish_study
