@@ -95,6 +95,21 @@ def test_the_shares_cover_every_direction_once():
             assert rows == list(range(total)), (lead, total, world)
 
 
+def run_alone_and_split(folder: Path, argv: list[str], *outputs: tuple[str, str]) -> tuple[Path, Path]:
+    """``fisherscope argv`` in one process and under ``torchrun --nproc-per-node 2``, each writing
+    ``outputs`` (option, file name) into a folder of its own: (that of one process, that of two)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", str(PROCESSES)]
+    folders = folder / "alone", folder / "split"
+    for into, launcher in zip(folders, ([sys.executable], torchrun), strict=True):
+        into.mkdir()
+        written = [part for option, name in outputs for part in (option, str(into / name))]
+        command = [*launcher, "-m", "workers.cli", *argv, *written]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    return folders
+
+
 @pytest.mark.slow
 def test_fisherscope_analyze_under_torchrun_writes_one_processs_numbers(tmp_path, tiny_random):
     """``torchrun --nproc-per-node 2 -m workers.cli analyze``: rank 0 writes the summary and arrays, which
@@ -103,19 +118,7 @@ def test_fisherscope_analyze_under_torchrun_writes_one_processs_numbers(tmp_path
         "analyze", "--model", "tiny-random", "--prefix", "She drank a cup of", "--continuation", " tea with",
         "--temperature", "0.7", "--top-k", "9", "--reward", " tea=1", "--rho",
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    alone, split = tmp_path / "alone", tmp_path / "split"
-    for folder, launcher in (
-        (alone, [sys.executable, "-m", "workers.cli"]),
-        (
-            split,
-            [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "-m", "workers.cli"],
-        ),
-    ):
-        folder.mkdir()
-        outputs = ["--summary", str(folder / "s.json"), "--save", str(folder / "a.safetensors")]
-        done = subprocess.run([*launcher, *argv, *outputs], cwd=ROOT, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
+    alone, split = run_alone_and_split(tmp_path, argv, ("--summary", "s.json"), ("--save", "a.safetensors"))
     one, two = (json.loads((folder / "s.json").read_text()) for folder in (alone, split))
     assert (one["processes"], two["processes"]) == (1, 2)
     assert sum(two["directions_per_process"]) == one["directions_per_process"][0]
@@ -141,19 +144,7 @@ def test_fisherscope_study_under_torchrun_samples_the_same_responses_and_sums(tm
         "study", "--model", "tiny-random", "--prompts", str(prompts), "--samples", "2", "--max-tokens", "3",
         "--temperature", "0.7", "--top-k", "9", "--reward-regex", "{target}", "--q", "0.01,0.05",
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    alone, split = tmp_path / "alone", tmp_path / "split"
-    for folder, launcher in (
-        (alone, [sys.executable, "-m", "workers.cli"]),
-        (
-            split,
-            [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "-m", "workers.cli"],
-        ),
-    ):
-        folder.mkdir()
-        outputs = ["--summary", str(folder / "s.json"), "--masks", str(folder / "m.safetensors")]
-        done = subprocess.run([*launcher, *argv, *outputs], cwd=ROOT, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
+    alone, split = run_alone_and_split(tmp_path, argv, ("--summary", "s.json"), ("--masks", "m.safetensors"))
     one, two = (json.loads((folder / "s.json").read_text()) for folder in (alone, split))
     assert [r["continuation_ids"] for r in two["responses"]] == [
         r["continuation_ids"] for r in one["responses"]
