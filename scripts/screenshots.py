@@ -11,13 +11,13 @@ dashboard in headless Debian Chromium and saves, to docs/screenshots/smollm2/:
   reward of 1 on ' tea', exact. One analysis for all ten slides, chosen so that each has something to
   show: the sampler differs from the model (mean shift, slides 5, 8, 10), top-k makes the rank bound
   n - 1 = 49 binding (slide 7), the reward gives slide 2 a gradient, and the response feeds slides 4, 8
-  and 9. Off the model's own distribution the exact method also runs the d = 576 directions of the
-  Fisher under p at every position (rho needs them): 8 tokens keep it to minutes rather than an hour.
+  and 9. Off the model's own distribution rho needs the d = 576 directions of the Fisher under p at
+  every position: the page draws the first answer and takes the slides once its rho stage is done.
 - explorer.png: the explorer on that analysis, at a later response position, with a layer opened.
 - compare.png: the compare panel, "She drank a cup of" at temperature 1 (the landing view) against 0.7.
 
-On a small CPU the sampled analysis takes 10 to 30 minutes, each prefix-only one a few; `--cache`
-keeps them for the next run.
+On a 2-core CPU the whole run takes about four minutes, the rho stages included; `--cache` keeps the
+analyses for the next run.
 
     .venv/bin/python scripts/screenshots.py [--out docs/screenshots/smollm2] [--model smollm2-135m]
 
