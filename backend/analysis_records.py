@@ -86,7 +86,7 @@ class AnalysisRecords(ModelCatalog):
         analysis_id, stored = self._resolve(analysis_id)
         assert stored.meta is not None  # _resolve answers 404 for an id with no analysis
         job = AnalysisJob.model_validate(stored.meta["request"])
-        if job.rho or job.sampler.is_on_policy or job.continuation_sample is not None:
+        if job.rho or job.sampler.is_on_policy:
             body, status = self._public_json(analysis_id, stored)
         else:
             info, _ = self.resolve_model(job.model)

@@ -47,7 +47,7 @@ SIGNED_STATS: tuple[str, ...] = ("mean_shift", "common", "policy_grad")
 # position off it, so an off-policy analysis computes it only when asked
 RHO_NOT_ASKED = (
     "rho needs the Fisher under p, which this off-policy analysis did not compute (it is computed only "
-    "when asked: request field rho, fisherscope analyze --rho)"
+    "when asked: request field rho, fisherscope analyze --rho, notebook analyze(..., rho=True))"
 )
 # The densities q of the named top-q sets: concentration shares, overlaps, compares and masks.
 TOP_FRACTIONS: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1)

@@ -35,12 +35,14 @@ def handle_from(
     cached: bool = False,
     sample: dict[str, int] | None = None,
     query: str | None = None,
+    wants_rho: bool = True,
 ) -> Handle:
     """The handle for one answer of the API (POST or GET: `AnalysisPublic`) to the request `request_id`.
 
     `cached`: the answer came straight from the POST, nothing computed; `sample`: the seed and length
     the response was drawn with (the concrete analysis's own request no longer says); `query`: the
-    controls that asked for it, as a URL query (`frontend.state.to_query`).
+    controls that asked for it, as a URL query (`frontend.state.to_query`); `wants_rho`: a finished
+    analysis without rho gets a rho stage (the compare panel's B never draws rho: none).
     """
     status = body.get("status")
     partial = body.get("partial") if status == RUNNING else None
@@ -63,7 +65,8 @@ def handle_from(
         "error": (body.get("error") or "no reason given") if status == FAILED else None,
         "sample": sample,
         "query": query,
-        "rho": rho_entry(WANTED) if status == DONE and lacks_rho(body) else None,
+        "wants_rho": wants_rho,
+        "rho": rho_entry(WANTED) if wants_rho and status == DONE and lacks_rho(body) else None,
     }
 
 

@@ -128,6 +128,18 @@ def test_an_analysis_with_rho_asks_nothing_more():
     assert api.calls == [("submit", "She drank a cup of")]
 
 
+def test_the_compare_panels_analysis_asks_for_no_rho_stage():
+    """Compare draws no rho: its B analysis settles with the first answer, polled or not."""
+    api = StagedApi(analyses=[done(FIRST, False)])
+    handle = post(api, DashboardState(prefix="She drank a cup of"), wants_rho=False)
+    assert handle["rho"] is None and is_settled(handle)
+    assert api.calls == [("submit", "She drank a cup of")]
+    api = StagedApi(analyses=[{"id": FIRST, "status": "queued", "progress": 0.0}, done(FIRST, False)])
+    handle = post(api, DashboardState(prefix="She drank a cup of"), wants_rho=False)
+    handle = poll(api, handle)
+    assert handle["rho"] is None and is_settled(handle) and view_of(handle)["id"] == FIRST
+
+
 def test_the_route_answering_the_analysis_itself_ends_the_stage():
     """The API's word on whether the analysis has rho, or can have it: the same id back, nothing to wait."""
     api = StagedApi(rho=[done(FIRST, False)], analyses=[done(FIRST, False)])

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from backend.cost import backward_directions, probe_directions
 from backend.settings import Settings
-from backend.vocabulary import STATS, Sampler
+from backend.vocabulary import STATS, Method, Sampler
 from tests.test_engine import _job, _token, run_analysis
 from tests.test_redis_e2e import wait_done
 from workers.fisher.stats import RhoNotComputed
@@ -72,6 +72,17 @@ def test_without_rho_every_other_stat_is_the_same_and_rho_is_absent(tiny_random,
     assert counted == [4 * positions, (4 + tiny_random.info.d_model) * positions]
 
 
+def test_monte_carlo_draws_the_same_samples_with_rho_or_without(tiny_random):
+    """The draws are seeded by the request without its rho: the rho stage's other numbers are the first's."""
+    job = _job(tiny_random, sampler=OFF_POLICY, method=Method.parse("mc:4"))
+    without = run_analysis(tiny_random, job)
+    with_rho = run_analysis(tiny_random, job.model_copy(update={"rho": True}))
+    for stat in WITHOUT_RHO:
+        a, b = without.per_parameter(stat), with_rho.per_parameter(stat)
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-9, msg=f"{stat} {name}")
+
+
 def test_a_saved_file_without_rho_holds_every_other_stat(tiny_random, tmp_path: Path):
     from safetensors.torch import load_file
 
@@ -94,14 +105,8 @@ def test_the_estimate_counts_the_directions_under_p_only_when_asked(tiny_random)
     assert backward_directions(info, asked) - backward_directions(info, job) == info.d_model
     tied = type("Tied", (), {"d_model": info.d_model, "tied_embeddings": True})()
     assert [
-        2 * n for n in probe_directions(tied, job.model_copy(update={"method": _mc()}))
-    ] == probe_directions(tied, asked.model_copy(update={"method": _mc()}))
-
-
-def _mc():
-    from backend.vocabulary import Method
-
-    return Method.parse("mc:4")
+        2 * n for n in probe_directions(tied, job.model_copy(update={"method": Method.parse("mc:4")}))
+    ] == probe_directions(tied, asked.model_copy(update={"method": Method.parse("mc:4")}))
 
 
 def test_the_api_answers_rho_as_a_second_analysis(tmp_path: Path):
@@ -140,5 +145,14 @@ def test_the_api_answers_rho_as_a_second_analysis(tmp_path: Path):
     assert plain["result"]["rho_available"] is True
     assert client.post(f"/api/v1/analyses/{plain['id']}/rho").json()["id"] == plain["id"]
     assert client.post("/api/v1/analyses", json={**on_policy, "rho": True}).json()["id"] == plain["id"]
+    # a response still to be sampled: its rho request draws the same response (the seed is in the request)
+    sampled = {**body, "continuation_sample": {"seed": 3, "max_tokens": 2}}
+    first_sampled = client.post("/api/v1/analyses", json=sampled).json()["id"]
+    staged = client.post(f"/api/v1/analyses/{first_sampled}/rho").json()
+    assert staged["request"]["rho"] is True
+    drawn = wait_done(client, first_sampled)
+    staged = wait_done(client, staged["id"])
+    assert staged["request"]["continuation_ids"] == drawn["request"]["continuation_ids"]
+    assert staged["result"]["rho_available"] is True and drawn["result"]["rho_available"] is False
     missing = client.post(f"/api/v1/analyses/{'0' * 64}/rho")
     assert missing.status_code == 404 and "POST /api/v1/analyses first" in missing.json()["detail"]

@@ -19,14 +19,14 @@ from safetensors.torch import load_file
 from backend.vocabulary import STATS, Method, Sampler
 from tests.tiny_models import BUDGET, tiny_model
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
-from workers.fisher.shards import Shard, current_shard, gathered
+from workers.fisher.shards import Shard, current_shard, gathered, split_directions
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = ("llama", "qwen2", "qwen3_moe")
+FAMILIES = ("llama", "qwen2", "qwen3_moe", "gpt2")  # GPT-2: Conv1D blocks, whose sums are transposed views
 PROCESSES = 2
 
 
-def _analysis(family: str) -> SequenceAnalysis:
+def _analysis(family: str, method: Method) -> SequenceAnalysis:
     model = tiny_model(family, tied=True)
     reward = torch.zeros(model.config.vocab_size, dtype=torch.float64)
     reward[5], reward[8] = 1.0, -0.5
@@ -35,7 +35,7 @@ def _analysis(family: str) -> SequenceAnalysis:
         torch.tensor([3, 5, 3]),
         torch.tensor([8, 3, 1]),
         Sampler(temperature=0.7, top_k=5),
-        Method(),
+        method,
         reward,
         memory_budget_bytes=BUDGET,
         fisher_under_p=True,
@@ -50,12 +50,15 @@ def _process(rank: int, world: int, rendezvous: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
-        assert current_shard() == Shard(rank, world)
+        assert current_shard() is None  # a process group alone splits nothing
         found = {}
-        for family in FAMILIES:
-            result = _analysis(family)
-            counts = gathered(result.directions)  # every process takes part
-            found[family] = {"stats": _stats(result), "directions": counts}
+        with split_directions():
+            assert current_shard() == Shard(rank, world)
+            for family in FAMILIES:
+                for method in (Method(), Method.parse("mc:3")):  # mc: a group wholly on the last rank
+                    result = _analysis(family, method)
+                    counts = gathered(result.directions)  # every process takes part
+                    found[(family, str(method))] = {"stats": _stats(result), "directions": counts}
         if rank == 0:
             torch.save(found, out)
     finally:
@@ -70,16 +73,17 @@ def split(tmp_path_factory) -> dict:
     return torch.load(out)
 
 
+@pytest.mark.parametrize("method", ["exact", "mc:3"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_two_processes_give_one_processs_numbers(split, family):
+def test_two_processes_give_one_processs_numbers(split, family, method):
     assert current_shard() is None  # this process runs alone
-    alone = _analysis(family)
+    alone = _analysis(family, Method.parse(method))
     expected = _stats(alone)
-    for stat, table in split[family]["stats"].items():
+    for stat, table in split[(family, method)]["stats"].items():
         scale = max(float(v.abs().max()) for v in expected[stat].values()) or 1.0
         for name, value in table.items():
             torch.testing.assert_close(value, expected[stat][name], rtol=1e-4, atol=1e-9 * scale)
-    counts = split[family]["directions"]
+    counts = split[(family, method)]["directions"]
     assert sum(counts) == alone.directions and all(count > 0 for count in counts)
 
 
@@ -158,3 +162,21 @@ def test_fisherscope_study_under_torchrun_samples_the_same_responses_and_sums(tm
     held = sum(int(a[key].sum()) for key in a)
     shared = sum(int((a[key] & b[key]).sum()) for key in a)
     assert shared >= 0.99 * held  # the same top sets, but for ties float32 rounding may reorder
+
+
+def test_under_torchrun_a_gpu_is_each_processs_own(monkeypatch):
+    from workers.commands.common import UsageError
+    from workers.commands.processes import device_of_process
+
+    assert device_of_process("cuda:1") == "cuda:1"  # alone: as named
+    for name, value in {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "x",
+        "MASTER_PORT": "1",
+        "LOCAL_RANK": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert device_of_process("cuda") == "cuda:1" and device_of_process("cpu") == "cpu"
+    with pytest.raises(UsageError, match="each process takes its own GPU"):
+        device_of_process("cuda:0")

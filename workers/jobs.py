@@ -64,7 +64,8 @@ def request_from_job(job: AnalysisJob) -> AnalysisRequest:
         input_ids=list(job.input_ids),
         continuation_ids=list(job.continuation_ids),
         sampler=job.sampler,
-        method=job.method.with_seed(int(job.key()[:8], 16)),
+        # the draws follow the request, not whether rho is asked: a rho stage's other numbers are the same
+        method=job.method.with_seed(int(job.model_copy(update={"rho": False}).key()[:8], 16)),
         rho=job.rho,
         reward={int(token): float(value) for token, value in job.reward.items()},
     )

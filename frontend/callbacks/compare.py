@@ -68,7 +68,7 @@ def register_submit(app: dash.Dash, api: ApiClient) -> None:
         if errors:
             return dash.no_update, message_block(errors)
         try:
-            return post(api, b), []
+            return post(api, b, wants_rho=False), []  # compare reads no rho: no second stage
         except ApiError as error:
             return dash.no_update, [html.Div(f"the compared analysis: {error}")]
 

@@ -74,11 +74,13 @@ def sample_of(state: DashboardState) -> dict[str, int] | None:
     return {"seed": state.sample_seed, "max_tokens": state.sample_tokens}
 
 
-def post(api: ApiClient, state: DashboardState) -> Handle:
-    """POST the state's request; the handle of the API's answer (raises ApiError with its message)."""
+def post(api: ApiClient, state: DashboardState, wants_rho: bool = True) -> Handle:
+    """POST the state's request; the handle of the API's answer (raises ApiError with its message).
+    ``wants_rho``: a finished answer without rho starts its rho stage at once."""
     body = api.submit(to_request(state))
     cached = body.get("status") == "done"
-    handle = handle_from(body, body["id"], cached, sample=sample_of(state), query=analysis_query(state))
+    query = analysis_query(state)
+    handle = handle_from(body, body["id"], cached, sample=sample_of(state), query=query, wants_rho=wants_rho)
     return with_rho_asked(api, handle)
 
 
@@ -180,7 +182,13 @@ def polled(api: ApiClient, summaries: Summaries, handle: Handle) -> Handle:
         return {**handle, "status": FAILED, "stage": "failed", "error": reason}
     if partial is not None:
         summaries.remember_partial(body["id"], partial.kept_share, partial.result)
-    fresh = handle_from(body, handle["request"], sample=handle.get("sample"), query=handle.get("query"))
+    fresh = handle_from(
+        body,
+        handle["request"],
+        sample=handle.get("sample"),
+        query=handle.get("query"),
+        wants_rho=handle.get("wants_rho", True),
+    )
     return with_rho_asked(api, fresh)
 
 

@@ -3,7 +3,9 @@ command; the engine splits each position's directions over them (``workers.fishe
 alone prints and writes the outputs.
 
 Why the same command everywhere: each process loads the model and runs the forward and C_mu itself
-(cheap against the directions), so nothing but the per-parameter sums crosses between processes.
+(cheap against the directions), so nothing but the per-parameter sums crosses between processes. The
+commands split only their direction passes (``shards.split_directions``): each process certifies its
+model alone, since a certificate cached on one node and not another would leave the nodes waiting.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+
+from workers.commands.common import UsageError
 
 GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -21,10 +25,15 @@ def launched_by_torchrun() -> bool:
 
 
 def device_of_process(device: str) -> str:
-    """A GPU per process: ``cuda`` means this process's local GPU (LOCAL_RANK) under torchrun."""
-    if device == "cuda" and launched_by_torchrun():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    return device
+    """A GPU per process: ``cuda`` means this process's local GPU (LOCAL_RANK) under torchrun, where a
+    GPU named by index would be every process's (UsageError)."""
+    if not launched_by_torchrun() or not device.startswith("cuda"):
+        return device
+    if device != "cuda":
+        raise UsageError(
+            f"--device {device}: under torchrun each process takes its own GPU; use --device cuda"
+        )
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
 @contextlib.contextmanager

@@ -297,10 +297,11 @@ def _checked_cost(args: argparse.Namespace, info, spec, encoded):
 def _run_with_progress(loaded, spec, encoded):
     """The study over every prompt, with a tqdm bar on stderr."""
     from backend.settings import get_settings
+    from workers.fisher.shards import split_directions
     from workers.studies.runner import run_study_part, study_model_of
 
     study_model = study_model_of(loaded, spec)
-    with progress_bar("study") as progress:
+    with progress_bar("study") as progress, split_directions():
         return run_study_part(
             study_model,
             spec,

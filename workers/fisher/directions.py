@@ -39,7 +39,7 @@ from workers.fisher.block_squares import (
     ghost_moments_compiled,
 )
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
-from workers.fisher.shards import current_shard, sum_over_processes
+from workers.fisher.shards import check_agreement, current_shard, sum_over_processes
 
 Progress = Callable[[float], None]
 ChunkCallback = Callable[[Callable[[], "DirectionResults"], list[int]], None]
@@ -355,6 +355,7 @@ def backprop_directions(
         bounds = chunk_bounds(total, lead, chunk, first if on_chunk is not None else None)
         chunks = list(zip(bounds, bounds[1:], strict=False))
     else:  # this process's share, no partial results (a partial would be one process's share only)
+        check_agreement(total)
         chunks = [(a, min(a + chunk, hi)) for lo, hi in shard.rows(lead, total) for a in range(lo, hi, chunk)]
         on_chunk = None
     for start, stop in chunks:

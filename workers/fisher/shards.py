@@ -11,10 +11,16 @@ split into contiguous equal shares.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+# Splitting is asked for (``split_directions``), never inferred from a process group existing: a
+# notebook inside a DDP job that analyses on one rank must not wait for ranks that never come.
+_splitting = False
 
 
 @dataclass(frozen=True)
@@ -32,11 +38,35 @@ class Shard:
         return ranges + ([(lo, hi)] if hi > lo else [])
 
 
+@contextlib.contextmanager
+def split_directions() -> Iterator[None]:
+    """Within the block, direction passes split over the process group (every process must run the
+    same passes in the same order)."""
+    global _splitting
+    before, _splitting = _splitting, True
+    try:
+        yield
+    finally:
+        _splitting = before
+
+
 def current_shard() -> Shard | None:
-    """This process's shard when torch.distributed runs more than one process, else None."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    """This process's shard inside ``split_directions`` with more than one process, else None."""
+    if _splitting and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return Shard(dist.get_rank(), dist.get_world_size())
     return None
+
+
+def check_agreement(total: int) -> None:
+    """Every process plans the same directions from the same numbers; if one did not (a kernel that is
+    not deterministic, mismatched devices), the shares would leave directions out: refuse, on every
+    process alike, rather than sum the wrong thing or wait forever."""
+    totals = gathered(total)
+    if len(set(totals)) > 1:
+        raise RuntimeError(
+            f"the processes planned different direction counts {totals} for one position: their forward "
+            "passes or C_mu differ (run every process on the same kind of device, deterministic kernels)"
+        )
 
 
 def sum_over_processes(tables: list[dict[str, torch.Tensor]], shapes: list[dict[str, tuple]]) -> None:
@@ -58,8 +88,10 @@ def sum_over_processes(tables: list[dict[str, torch.Tensor]], shapes: list[dict[
         value = tables[k].get(name)
         if value is None:
             value = torch.zeros(shapes[k][name], dtype=_DTYPES[int(codes[k])], device=device)
-            tables[k][name] = value
+        # a transposed view (a Conv1D block's sum) is summed in memory order: make it the layout it reads
+        value = value.contiguous()
         dist.all_reduce(value)
+        tables[k][name] = value
 
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
