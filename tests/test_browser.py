@@ -514,12 +514,15 @@ def top_q_sets(arrays: dict[str, np.ndarray], names: list[str], fractions: list[
 
 
 def full_arrays(service: Service, analysis_id: str) -> dict[str, np.ndarray]:
-    """Every per-parameter array of an analysis, from the API's safetensors route (202 until written)."""
+    """Every per-parameter array an analysis has (rho off the policy only where asked for), from the
+    API's safetensors route (202 until written)."""
     from safetensors.numpy import load
 
+    has_rho = service.api.get(f"/analyses/{analysis_id}/overview").json()["rho_available"]
+    stats = [stat for stat in STATS if has_rho or stat != "rho"]
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        everything = {"stats": ",".join(STATS), "dtype": "float32"}  # as computed: ties decide top-q sets
+        everything = {"stats": ",".join(stats), "dtype": "float32"}  # as computed: ties decide top-q sets
         answer = service.api.get(f"/analyses/{analysis_id}/safetensors", params=everything)
         if answer.status_code == 200:
             return load(answer.content)
@@ -547,7 +550,7 @@ def test_compare_two_samplers_side_by_side(service: Service, browser, tmp_path):
         "() => (document.querySelector('#compare-sets-graph .js-plotly-plot')?.data || []).length >= 4",
         timeout=120_000,
     )
-    # B is off the policy: its rho stage follows, and the link names B with rho once that is in
+    # B is off the policy and compare reads no rho: B settles with its first answer
     page.wait_for_function(
         "() => ['B: done', 'B: cached'].includes(document.querySelector('#b-status')?.innerText || '')",
         timeout=120_000,

@@ -89,7 +89,8 @@ def register_restore(app: dash.Dash, api: ApiClient) -> None:
             errors.append(f"model {state.model!r} is not served here; choose one of {', '.join(models)}")
         autorun = time.time() if state.prefix and not errors else None
         note = landing_note(state) if is_landing(search or "") and autorun else ""
-        b_handle = opened_handle(state.compare) if state.compare else None
+        # the compare panel's B reads no rho: no second stage for it
+        b_handle = opened_handle(state.compare, wants_rho=False) if state.compare else None
         return [
             *controls_from_state(state),
             *(state.slide, message_block(errors), autorun),
@@ -97,14 +98,16 @@ def register_restore(app: dash.Dash, api: ApiClient) -> None:
         ]
 
 
-def opened_handle(analysis_id: str) -> Handle:
-    """The handle of an analysis a link names by id: nothing known yet, the poll asks the API."""
+def opened_handle(analysis_id: str, wants_rho: bool = True) -> Handle:
+    """The handle of an analysis a link names by id: nothing known yet, the poll asks the API
+    (``wants_rho``: as ``handles.handle_from``)."""
     return {
         "request": analysis_id,
         "id": analysis_id,
         "status": "queued",
         "progress": 0.0,
         "stage": "opening",
+        "wants_rho": wants_rho,
     }
 
 
