@@ -1,0 +1,120 @@
+"""The models researchers train, at their real shapes: peak memory and time of `fisherscope analyze`.
+
+Builds a model folder from transformers' own config class at a real model's sizes (random bf16 weights,
+its own norms; SmolLM2's tokenizer files, whose ids are all inside the vocabulary), then runs the CLI on
+it in a child process per case under `/usr/bin/time -v`: peak resident memory, wall time, the
+directions the summary counts, and the floor 2 r P T at the float32 matmul rate the CLI measured at the
+model's width (its estimate line). Cases: the 5-token prefix "She drank a cup of" at T 0.7, top-k 50
+(the first answer: no rho), the same with `--rho`, and on the policy.
+
+Usage: .venv/bin/python benchmarks/bench_scale.py [--shapes qwen3-0.6b,qwen3-1.7b] [--cases ...]
+A shape whose float32 weights and sums cannot fit this machine's memory is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "She drank a cup of"
+SHAPES: dict[str, dict] = {  # the real configs' sizes (Qwen3-0.6B, Qwen3-1.7B), tied embeddings
+    "qwen3-0.6b": {"hidden_size": 1024, "num_hidden_layers": 28, "intermediate_size": 3072,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
+    "qwen3-1.7b": {"hidden_size": 2048, "num_hidden_layers": 28, "intermediate_size": 6144,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
+}  # fmt: skip
+CASES: dict[str, list[str]] = {
+    "top-k 50 T 0.7": ["--temperature", "0.7", "--top-k", "50"],
+    "top-k 50 T 0.7 rho": ["--temperature", "0.7", "--top-k", "50", "--rho"],
+    "on-policy": [],
+}
+# an analysis holds the float32 weights and several parameter-sized float32 sums today (7-9x the
+# weights at peak): a shape is run only where that fits the machine
+PEAK_OVER_WEIGHTS = 9
+
+
+def build(shape: str, folder: Path) -> int:
+    """The model folder of ``shape``; its parameter count."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096, **SHAPES[shape]
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():  # norms of their own, not all ones
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(folder)
+    tokenizer = Path.home() / ".cache" / "fisherscope" / "smollm2-135m"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer / name, folder / name)
+    return sum(p.numel() for p in model.parameters())
+
+
+def run_case(folder: Path, flags: list[str], out: Path) -> dict:
+    """One CLI run: peak RSS (GB), wall seconds, directions per position, the measured rate, the floor."""
+    command = [
+        "/usr/bin/time", "-v", sys.executable, "-m", "workers.cli", "analyze", "--model", str(folder),
+        "--prefix", PREFIX, "--summary", str(out), *flags,
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ})
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
+    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+    rate = float(re.search(r"at (\d+) GFLOP/s", done.stdout).group(1)) * 1e9
+    summary = json.loads(out.read_text())
+    directions = sum(summary["directions_per_process"])
+    tokens = summary["positions"][0]["context_length"]
+    floor = 2 * directions * summary["model"]["n_params"] * tokens / rate
+    engine = summary["timing"]["seconds"]
+    return {"peak_gb": peak_kb / 1e6, "wall": wall, "engine": engine, "directions": directions,
+            "rate": rate, "floor": floor, "ratio": engine / floor}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--cases", default=",".join(CASES), help="comma list of: " + ", ".join(CASES))
+    args = parser.parse_args()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for shape in args.shapes.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"bench-{shape}-") as scratch:
+            folder = Path(scratch) / shape
+            n_params = build(shape, folder)
+            need = PEAK_OVER_WEIGHTS * 4 * n_params
+            print(f"{shape}: {n_params / 1e9:.2f}B parameters, float32 weights {4 * n_params / 1e9:.1f} GB")
+            if need > memory:
+                print(
+                    f"  skipped: about {need / 1e9:.0f} GB at peak today; this machine has {memory / 1e9:.0f}"
+                )
+                continue
+            for case in args.cases.split(","):
+                found = run_case(folder, CASES[case], Path(scratch) / "summary.json")
+                if "error" in found:
+                    print(f"  {case:<22} failed: {found['error']}")
+                    continue
+                over = found["peak_gb"] * 1e9 / (4 * n_params)
+                print(
+                    f"  {case:<22} peak {found['peak_gb']:5.1f} GB ({over:.1f}x the float32 weights), "
+                    f"{found['directions']:5d} directions, engine {found['engine']:6.1f} s (wall "
+                    f"{found['wall']:6.1f} s), {found['ratio']:.2f}x the floor {found['floor']:.1f} s at "
+                    f"{found['rate'] / 1e9:.0f} GFLOP/s"
+                )
+
+
+if __name__ == "__main__":
+    main()
