@@ -23,34 +23,29 @@ OFF_POLICY = Sampler(temperature=0.7, top_k=5)
 WITHOUT_RHO = tuple(stat for stat in STATS if stat != "rho")
 
 
-def _pair(loaded, continuation: str = "", counted: list[int] | None = None):
-    """The off-policy analysis without rho and with it, on the same request otherwise; ``counted``
-    collects the square directions each back-propagates."""
+def _pair(loaded, continuation: str = "", between=lambda: None):
+    """The off-policy analysis without rho and with it, on the same request otherwise (``between()``
+    runs after the first)."""
     reward = {str(_token(loaded, " tea")): 1.0}
     job = _job(loaded, continuation=continuation, sampler=OFF_POLICY, reward=reward)
-    found = []
-    for asked in (job, job.model_copy(update={"rho": True})):
-        before = len(counted) if counted is not None else 0
-        found.append(run_analysis(loaded, asked))
-        if counted is not None:
-            counted.append(sum(counted[before:]))
-            del counted[before:-1]
-    return found
+    without = run_analysis(loaded, job)
+    between()
+    return without, run_analysis(loaded, job.model_copy(update={"rho": True}))
 
 
 @pytest.mark.parametrize("continuation", ["", " coffee and"])
 def test_without_rho_every_other_stat_is_the_same_and_rho_is_absent(tiny_random, continuation, monkeypatch):
     from workers.fisher import position
 
-    counted: list[int] = []
+    counted = [0]  # square directions back-propagated, per analysis
     backprop = position.backprop_directions
 
     def counting(capture, at, squares, *args, **kwargs):
-        counted.append(sum(len(group.weights) for group in squares))
+        counted[-1] += sum(len(group.weights) for group in squares)
         return backprop(capture, at, squares, *args, **kwargs)
 
     monkeypatch.setattr(position, "backprop_directions", counting)
-    without, with_rho = _pair(tiny_random, continuation, counted)
+    without, with_rho = _pair(tiny_random, continuation, between=lambda: counted.append(0))
     assert without.summary["rho_available"] is False and with_rho.summary["rho_available"] is True
     for stat in WITHOUT_RHO:
         a, b = without.per_parameter(stat), with_rho.per_parameter(stat)

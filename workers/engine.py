@@ -223,7 +223,9 @@ def run_analysis(
     report("summary", 0.0)
     # every process takes part in the count: the summary states how the directions were split
     per_process = gathered(sequence.directions) if current_shard() is not None else None
-    summary = build_summary(loaded, request, sequence, HeadLayout.of(model), reward, False, per_process)
+    summary = build_summary(
+        loaded, request, sequence, HeadLayout.of(model), reward, directions_per_process=per_process
+    )
     summary["timing"] = {"seconds": time.perf_counter() - started, "fisher_reused": False}
     report("summary", 1.0)
     return Analysis(request, sequence, summary, roots)

@@ -70,7 +70,6 @@ class PositionMoments:
     hidden: torch.Tensor  # [d] h(s)
     head_scale: torch.Tensor  # [V] float64 g'(l): the logit map's derivative (ones for a linear head)
     cov_mu: OutputCovariance
-    cov_p: OutputCovariance | None  # None off the policy without the Fisher under p
     plan_mu: SecondMomentPlan
     reward_mean: float | None = None
     reward_std: float | None = None
@@ -155,18 +154,17 @@ def position_moments(
     h = capture.hidden[position].detach()
     jacobian = logit_jacobian(capture, position, head_rows(model))
     table_rows = looked_up_rows(capture, layout.head_name) if layout.tied else []
-    cov_mu, cov_p, plans = _fisher_plans(inputs, jacobian, table_rows, method)
+    cov_mu, p_row, plans = _fisher_plans(inputs, jacobian, table_rows, method)
 
     squares = [SquareGroup(name, plan.vectors, plan.weights) for name, plan in plans.items()]
     linears = [LinearGroup("kbar_mu", cov_mu.mean_row)]
     if not inputs.on_policy:
-        p_row = mean_logit_row(jacobian, inputs.p) if cov_p is None else cov_p.mean_row
         linears.append(LinearGroup("kbar_p", p_row))
     reward_mean, reward_std, policy_grad = _reward_direction(inputs, jacobian)
     if policy_grad is not None:
         linears.append(policy_grad)
     probes = _tied_row_probes(layout, plans)
-    build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, cov_p, reward_mean, reward_std)
+    build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, reward_mean, reward_std)
     results = backprop_directions(
         capture,
         position,
@@ -182,19 +180,19 @@ def position_moments(
 
 def _fisher_plans(
     inputs: PositionInputs, jacobian: LogitJacobian, table_rows: list[int], method: Method
-) -> tuple[OutputCovariance, OutputCovariance | None, dict[str, SecondMomentPlan]]:
-    """C_mu and C_p (the same on-policy; None off it when the Fisher under p is not asked for: its
-    V d^2 Gram product costs a second per position on SmolLM2), and the directions of each Fisher:
-    ``fisher`` under mu and, off-policy when asked, ``fisher_p`` under p."""
+) -> tuple[OutputCovariance, torch.Tensor, dict[str, SecondMomentPlan]]:
+    """C_mu, p's mean logit row jbar_p (kbar_p's direction), and the directions of each Fisher:
+    ``fisher`` under mu and, off-policy when asked, ``fisher_p`` under p. C_p itself is formed only for
+    that Fisher: its V d^2 Gram product costs a second per position on SmolLM2."""
     cov_mu = output_covariance(jacobian, inputs.mu)
     plans = {"fisher": second_moment_plan(inputs.mu, cov_mu, jacobian, table_rows, method)}
     if inputs.on_policy:
-        return cov_mu, cov_mu, plans
+        return cov_mu, cov_mu.mean_row, plans
     if not inputs.fisher_under_p:
-        return cov_mu, None, plans
+        return cov_mu, mean_logit_row(jacobian, inputs.p), plans
     cov_p = output_covariance(jacobian, inputs.p)
     plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
-    return cov_mu, cov_p, plans
+    return cov_mu, cov_p.mean_row, plans
 
 
 def _reward_direction(
@@ -251,7 +249,6 @@ class _Assembly:
     inputs: PositionInputs
     plans: dict[str, SecondMomentPlan]
     cov_mu: OutputCovariance
-    cov_p: OutputCovariance | None
     reward_mean: float | None
     reward_std: float | None
 
@@ -296,7 +293,6 @@ class _Assembly:
             hidden=h,
             head_scale=self.jacobian.head_scale(),
             cov_mu=self.cov_mu,
-            cov_p=self.cov_p,
             plan_mu=plan_mu,
             reward_mean=self.reward_mean,
             reward_std=self.reward_std,

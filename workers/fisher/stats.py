@@ -54,8 +54,6 @@ class MomentSums:
     positions: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
-    # an off-policy position without the second moment under p was folded in: rho is not known
-    without_fisher_p: bool = False
 
     SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
@@ -67,8 +65,6 @@ class MomentSums:
         if self.positions == 1:
             self._materialize_squares()
         track_squares = self.positions >= 1
-        if not on_policy and m.fisher_p is None:
-            self.without_fisher_p = True
         for name in self.names:
             kmu, kp, f = m.kbar_mu[name], m.kbar_p[name], m.fisher[name]
             if not m.fisher_zero:  # a one-hot mu adds nothing: keep no P-sized zeros
@@ -134,8 +130,8 @@ class MomentSums:
 
     @property
     def has_rho(self) -> bool:
-        """rho needs E_p[kappa^2]: free on the policy, the second moment under p off it."""
-        return not self.without_fisher_p
+        """rho needs E_p[kappa^2]: free on the policy (no mean shift), the second moment under p off it."""
+        return not self.has_mean_shift or "fisher_p" in self.sums
 
     def identically_zero(self, stat: str) -> bool:
         """True when a stat is zero by construction (no computation needed to know it)."""
