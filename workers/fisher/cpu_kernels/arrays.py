@@ -46,6 +46,18 @@ def _slot(terms: StatTerms) -> tuple[np.ndarray, np.ndarray | None, np.ndarray |
     return (base, None, extra) if terms.squared else (base, extra, None)
 
 
+@numba.njit(inline="always")
+def _stat_value(base, plus, square, i):  # pragma: no cover - compiled
+    # value i of a stat's terms (``_slot``: base + plus, or base + square * square, or base alone), in
+    # the order StatTerms.formed rounds it; inlined where called, each pattern of Nones compiled apart
+    v = base[i]
+    if plus is not None:
+        v = v + plus[i]
+    if square is not None:
+        v = v + square[i] * square[i]
+    return v
+
+
 @numba.njit(inline="always", error_model="numpy")  # x / 0 is inf or nan, as in torch
 def _extra_share(whole, extra, squared):  # pragma: no cover - compiled
     # the share of ``whole`` (base + extra, or base + extra * extra) that its extra term carries, in the

@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import torch
 
-from workers.fisher.cpu_kernels.arrays import _BINNED_MAX, _common_size, _cut, _slot
+from workers.fisher.cpu_kernels.arrays import _BINNED_MAX, _common_size, _cut, _slot, _stat_value
 from workers.fisher.cpu_kernels.llvm import _LINE_VALUES, _ask, _float32_bits
 from workers.fisher.cpu_kernels.threads import _in_parts
 from workers.fisher.terms import StatTerms
@@ -49,31 +49,19 @@ def _tensor_pass_into(  # pragma: no cover - compiled
             _ask(a, i), _ask(a_plus, i), _ask(a_square, i), _ask(b, i), _ask(b_plus, i), _ask(b_square, i)
             _ask(c, i), _ask(c_plus, i), _ask(c_square, i)
         if a is not None:
-            v = a[i]
-            if a_plus is not None:
-                v = v + a_plus[i]
-            if a_square is not None:
-                v = v + a_square[i] * a_square[i]
+            v = _stat_value(a, a_plus, a_square, i)
             k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]  # numba supplies the context
             k = k if k > 0 else 0  # rounding-level negatives: bin 0, with the zeros
             counts[0, k] += 1
             sums[0, k] += v
         if b is not None:
-            v = b[i]
-            if b_plus is not None:
-                v = v + b_plus[i]
-            if b_square is not None:
-                v = v + b_square[i] * b_square[i]
+            v = _stat_value(b, b_plus, b_square, i)
             k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
             k = k if k > 0 else 0
             counts[1, k] += 1
             sums[1, k] += v
         if c is not None:
-            v = c[i]
-            if c_plus is not None:
-                v = v + c_plus[i]
-            if c_square is not None:
-                v = v + c_square[i] * c_square[i]
+            v = _stat_value(c, c_plus, c_square, i)
             k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
             k = k if k > 0 else 0
             counts[2, k] += 1

@@ -18,7 +18,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from workers.fisher.cpu_kernels.arrays import _BINNED_MAX, _common_size, _slot
+from workers.fisher.cpu_kernels.arrays import _BINNED_MAX, _common_size, _slot, _stat_value
 from workers.fisher.cpu_kernels.llvm import _ask, _float32_bits, _trailing_zeros
 from workers.fisher.terms import StatTerms
 
@@ -112,11 +112,7 @@ def _select_into(  # pragma: no cover - compiled
         while a is not None and a_hits:
             i = lo + _trailing_zeros(a_hits)  # type: ignore[call-arg]
             a_hits &= a_hits - 1
-            v = a[i]
-            if a_plus is not None:
-                v = v + a_plus[i]
-            if a_square is not None:
-                v = v + a_square[i] * a_square[i]
+            v = _stat_value(a, a_plus, a_square, i)
             k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
             if k > 0 and chosen[0, k]:
                 at = cursor[0, k]
@@ -127,11 +123,7 @@ def _select_into(  # pragma: no cover - compiled
         while b is not None and b_hits:
             i = lo + _trailing_zeros(b_hits)  # type: ignore[call-arg]
             b_hits &= b_hits - 1
-            v = b[i]
-            if b_plus is not None:
-                v = v + b_plus[i]
-            if b_square is not None:
-                v = v + b_square[i] * b_square[i]
+            v = _stat_value(b, b_plus, b_square, i)
             k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
             if k > 0 and chosen[1, k]:
                 at = cursor[1, k]
@@ -142,11 +134,7 @@ def _select_into(  # pragma: no cover - compiled
         while c is not None and c_hits:
             i = lo + _trailing_zeros(c_hits)  # type: ignore[call-arg]
             c_hits &= c_hits - 1
-            v = c[i]
-            if c_plus is not None:
-                v = v + c_plus[i]
-            if c_square is not None:
-                v = v + c_square[i] * c_square[i]
+            v = _stat_value(c, c_plus, c_square, i)
             k = _float32_bits(np.float32(v)) >> shift  # type: ignore[call-arg]
             if k > 0 and chosen[2, k]:
                 at = cursor[2, k]
