@@ -94,8 +94,9 @@ def _select_into(  # pragma: no cover - compiled
     # and ``hit_tops``), and only the values flagged are read again and written: the summary's second
     # pass chooses about 1% of each stat's values, and this takes under half the time of testing them
     # one by one. Otherwise (and for the last, short block) every value is tested against ``chosen``.
-    # Not a two-loop form (values, then writes, per block), which was slower; written out per stat, since
-    # a shared inlined helper taking the arrays was an order of magnitude slower
+    # Not a two-loop form (values, then writes, per block), which was slower. Each stat's value is the
+    # shared inlined ``_stat_value`` (as fast as written out); its writes are written out per stat, since
+    # a shared helper taking the output arrays and cursor was an order of magnitude slower
     for lo in range(0, size, _HIT_LANES):
         hi = min(lo + _HIT_LANES, size)
         _ask(a, lo), _ask(a_plus, lo), _ask(a_square, lo), _ask(b, lo), _ask(b_plus, lo), _ask(b_square, lo)
