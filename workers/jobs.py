@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from backend.settings import Settings, get_settings
 from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
 from backend.summary import checked_summary
 from backend.vocabulary import STATS, EngineKind
+from workers.commands.processes import together
 from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
 from workers.exports import Float16Overflow, write_export
 from workers.fisher.concentration import NAMED_FRACTIONS
@@ -213,16 +214,17 @@ def execute_analysis(
             grid = pooled_grid(
                 shapes, settings.pooled_rows, settings.pooled_cols, settings.max_result_bytes, len(STATS)
             )
-            analysis = analyze_job(
-                loaded,
-                job,
-                settings,
-                lambda stage, p: store.set_progress(analysis_id, stage, p),
-                on_partial=lambda summary, kept: store.save_partial(
-                    analysis_id, {"kept_share": kept, "result": checked_summary(summary)}
-                ),
-                keep_fisher_roots=grid,
-            )
+            with together(repeat_analysis, job):
+                analysis = analyze_job(
+                    loaded,
+                    job,
+                    settings,
+                    lambda stage, p: store.set_progress(analysis_id, stage, p),
+                    on_partial=lambda summary, kept: store.save_partial(
+                        analysis_id, {"kept_share": kept, "result": checked_summary(summary)}
+                    ),
+                    keep_fisher_roots=grid,
+                )
             # the top-q sets first: an analysis that reads as done can be compared at once
             write_levels(analysis, settings.levels_path(analysis_id), settings)
             try:
@@ -234,6 +236,13 @@ def execute_analysis(
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):
                 raise
+
+
+def repeat_analysis(job: AnalysisJob) -> Callable[[], object]:
+    """The engine run of ``job`` as the other processes of a worker repeat it (``together``): the
+    same directions, split; the progress, partial results and kept roots are rank 0's."""
+    loaded = load_for(job, model_pool())
+    return lambda: analyze_job(loaded, job, get_settings())
 
 
 def _answered_from_kept(loaded: LoadedModel, job: AnalysisJob, store: Store, settings: Settings) -> bool:
@@ -277,7 +286,9 @@ def execute_export(
     for key, choice in queued.items():
         store.update_meta(analysis_id, **{key: export_record(choice, "running")})
     try:
-        analysis = analyze_job(load_for(job, pool or model_pool()), job, settings)
+        loaded = load_for(job, pool or model_pool())
+        with together(repeat_analysis, job):
+            analysis = analyze_job(loaded, job, settings)
     except Exception as error:
         for key, choice in queued.items():
             store.update_meta(analysis_id, **{key: export_record(choice, "failed", _reason(error))})

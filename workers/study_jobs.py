@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from backend.rewards import RewardRule
@@ -21,6 +22,7 @@ from backend.store import Store
 from backend.studies import STUDY_KIND, masks_path, part_id
 from backend.study_schemas import StudyJob
 from workers import jobs
+from workers.commands.processes import together
 from workers.jobs import ModelPool, _reason, _redis_store, leased
 from workers.models.loading import LoadedModel
 from workers.studies.prompts import EncodedPrompt
@@ -76,13 +78,14 @@ def execute_study_part(
                 spec = study_spec(job)
                 study_model = study_model_of(loaded, spec)
                 store.count(STUDY_RUNS)
-                part = run_study_part(
-                    study_model,
-                    spec,
-                    [encoded_prompt(job, index)],
-                    memory_budget_bytes=settings.engine_memory_bytes,
-                    progress=lambda stage, fraction: store.set_progress(record, stage, fraction),
-                )
+                with together(repeat_study_part, job, index):
+                    part = run_study_part(
+                        study_model,
+                        spec,
+                        [encoded_prompt(job, index)],
+                        memory_budget_bytes=settings.engine_memory_bytes,
+                        progress=lambda stage, fraction: store.set_progress(record, stage, fraction),
+                    )
                 target.parent.mkdir(parents=True, exist_ok=True)
                 partial = target.with_name(f".{target.name}.{os.getpid()}.part")
                 write_part(partial, part)
@@ -104,6 +107,22 @@ def execute_study_part(
         attempt = reduce_id(study_id, (store.get_meta(study_id) or {}).get("created"))
         if store.claim(attempt, {"status": JobStatus.running.value, "kind": STUDY_KIND}):
             reduce_study(job, store, settings, pool)
+
+
+def repeat_study_part(job: StudyJob, index: int) -> Callable[[], object]:
+    """Prompt ``index``'s engine run as the other processes of a worker repeat it (``together``): the
+    same responses (the seeds fix them) and directions, split; the part file is rank 0's."""
+    from workers.studies.runner import run_study_part, study_model_of
+
+    spec = study_spec(job)
+    study_model = study_model_of(_load(job, jobs.model_pool()), spec)
+    settings = get_settings()
+    return lambda: run_study_part(
+        study_model,
+        spec,
+        [encoded_prompt(job, index)],
+        memory_budget_bytes=settings.engine_memory_bytes,
+    )
 
 
 def _part_done(store: Store, settings: Settings, study_id: str, index: int) -> bool:

@@ -3,6 +3,10 @@
 Why `SimpleWorker`: RQ's default worker forks per job, which would reload the model every time; the
 simple worker runs jobs in this process, so `workers.jobs.model_pool()` stays warm. Any number of these
 on any number of machines can share one Redis.
+
+Under `torchrun --nproc-per-node N` the N processes are one worker: rank 0 is the RQ worker, the only
+process that talks to Redis, and the others repeat each engine run of its jobs on their share of the
+directions (`workers.commands.processes`: `leading`, `follow`, `together`), a GPU each.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
 from backend.settings import get_settings
+from workers.commands.processes import device_of_process, follow, launched_by_torchrun, leading, process_group
 
 
 def build_worker(redis_url: str, queue_name: str) -> SimpleWorker:
@@ -36,12 +41,26 @@ def main(argv: Sequence[str] | None = None, *, redis_url: str | None = None, bur
     if not url:
         parser.exit(2, "fisherscope worker: error: set REDIS_URL or pass --redis-url\n")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:  # RQ's worker talks to Redis as it is made: a wrong URL is one line, not a traceback
-        worker = build_worker(url, args.queue or settings.queue_name)
-    except (RedisError, ValueError) as error:
-        parser.exit(2, f"fisherscope worker: error: cannot reach Redis at {url}: {error}\n")
-    worker.work(burst=args.burst, with_scheduler=False)
-    return 0
+
+    def work() -> int:
+        try:  # RQ's worker talks to Redis as it is made: a wrong URL is one line, not a traceback
+            worker = build_worker(url, args.queue or settings.queue_name)
+        except (RedisError, ValueError) as error:
+            parser.exit(2, f"fisherscope worker: error: cannot reach Redis at {url}: {error}\n")
+        worker.work(burst=args.burst, with_scheduler=False)
+        return 0
+
+    if not launched_by_torchrun():
+        return work()
+    import torch
+
+    # `cuda` is this process's own GPU from here on: the model pool puts its models there
+    with process_group(device_of_process("cuda" if torch.cuda.is_available() else "cpu")) as rank:
+        if rank:
+            follow()
+            return 0
+        with leading():
+            return work()
 
 
 if __name__ == "__main__":
