@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -67,23 +68,17 @@ class Certificate:
         )
 
 
-def _relative_errors(
-    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], dtype: torch.dtype
-) -> dict[str, float]:
-    """max |got - want| / max |want| per tensor.
+def _error_floor(scale: float, dtype: torch.dtype) -> float:
+    """The denominator's floor of ``_relative_error``, at the rounding level of the whole computation:
+    a tensor whose sensitivity is zero up to rounding (OPT's key biases: softmax ignores a shift shared
+    by every key) carries noise of about eps x the largest tensor (``scale``) in both computations,
+    which says nothing about either. Float64: 1e-6 of the largest tensor; float32: 1.2e-2 of it."""
+    return max(scale * min(0.1, max(1e-6, 1e5 * torch.finfo(dtype).eps)), torch.finfo(torch.float64).tiny)
 
-    The denominator is floored at the rounding level of the whole computation: a tensor whose
-    sensitivity is zero up to rounding (OPT's key biases: softmax ignores a shift shared by every key)
-    carries noise of about eps x the largest tensor in both computations, which says nothing about
-    either. Float64: 1e-6 of the largest tensor; float32: 1.2e-2 of it.
-    """
-    scale = max((float(w.abs().max()) for w in want.values() if w.numel()), default=0.0)
-    floor = max(scale * min(0.1, max(1e-6, 1e5 * torch.finfo(dtype).eps)), torch.finfo(torch.float64).tiny)
-    return {
-        name: float((got[name].double() - w.double()).abs().max()) / max(float(w.abs().max()), floor)
-        for name, w in want.items()
-        if w.numel()
-    }
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor, floor: float) -> float:
+    """max |got - want| / max |want| (floored, ``_error_floor``)."""
+    return float((got.double() - want.double()).abs().max()) / max(float(want.abs().max()), floor)
 
 
 def certify(
@@ -173,10 +168,10 @@ def _compare_with_autograd(
         memory_budget_bytes=memory_budget_bytes,
     )
     head = HeadTerms(layout, capture.hidden[position].detach(), jacobian.head_scale())
-    engine_first = head.assemble(results.linears.get("first"), u)
-    head_only = head.assemble(None, u)
-    engine_square = head.assemble(results.squares.get("square"), torch.zeros_like(u), squared=True)
-    del capture
+    engine_first = head.first_moment(results.linears.get("first"), u)
+    head_only = head.first_moment(None, u)
+    engine_square = head.second_moment(results.squares.get("square"), torch.zeros_like(u))
+    del capture, results
     plain = _autograd_gradient(model, ids, u)
     _compare_moments(model, plain, head_only, engine_first, engine_square, certificate)
 
@@ -184,25 +179,40 @@ def _compare_with_autograd(
 def _compare_moments(
     model: nn.Module,
     plain: dict[str, torch.Tensor],
-    head_only: dict[str, torch.Tensor],
-    engine_first: dict[str, torch.Tensor],
+    head_only: Mapping[str, torch.Tensor],
+    engine_first: Mapping[str, torch.Tensor],
     engine_square: dict[str, torch.Tensor],
     certificate: Certificate,
 ) -> None:
-    """The engine's first moments and squares against autograd's, tensor by tensor."""
-    input_side = {name: plain[name] - head_only[name].to(plain[name].dtype) for name in plain}
-    want_square = {n: g.square() for n, g in input_side.items()}
-    for label, tensors in (
-        ("autograd's sensitivities", plain),
+    """The engine's first moments and squares against autograd's, tensor by tensor: the expected
+    squares and the engine's first moments are formed one tensor at a time (each is a copy of the
+    model in all), and each pair is let go once compared."""
+
+    def want_square(name: str) -> torch.Tensor:  # the input side: autograd's less the head's closed form
+        return (plain[name] - head_only[name].to(plain[name].dtype)).square()
+
+    for label, tensor_of in (
+        ("autograd's sensitivities", plain.__getitem__),
         ("autograd's squared input-side sensitivities", want_square),
-        ("the engine's first moments", engine_first),
-        ("the engine's squares", engine_square),
+        ("the engine's first moments", engine_first.__getitem__),
+        ("the engine's squares", engine_square.__getitem__),
     ):
-        if _refuse_non_finite_tensors(certificate, label, tensors):
+        if _refuse_non_finite_tensors(certificate, label, plain, tensor_of):
             return
     dtype = next(model.parameters()).dtype
-    firsts = _relative_errors(engine_first, plain, dtype)
-    squares = _relative_errors(engine_square, want_square, dtype)
+    first_floor = _error_floor(
+        max((float(g.abs().max()) for g in plain.values() if g.numel()), default=0.0), dtype
+    )
+    square_floor = _error_floor(
+        max((float(want_square(n).max()) for n, g in plain.items() if g.numel()), default=0.0), dtype
+    )
+    firsts: dict[str, float] = {}
+    squares: dict[str, float] = {}
+    for name in list(plain):
+        if plain[name].numel():
+            firsts[name] = _relative_error(engine_first[name], plain[name], first_floor)
+            squares[name] = _relative_error(engine_square[name], want_square(name), square_floor)
+        del plain[name], engine_square[name]
     certificate.first_moment_error = _largest(firsts.values())
     certificate.square_error = _largest(squares.values())
     worst_name, worst = max(
@@ -246,10 +256,11 @@ def _non_finite_summary(tensor: torch.Tensor) -> str:
 
 
 def _refuse_non_finite_tensors(
-    certificate: Certificate, label: str, tensors: dict[str, torch.Tensor]
+    certificate: Certificate, label: str, names: Iterable[str], tensor_of: Callable[[str], torch.Tensor]
 ) -> bool:
     """Fail the certificate at the first parameter whose ``label`` holds a NaN or an infinity."""
-    for name, tensor in tensors.items():
+    for name in names:
+        tensor = tensor_of(name)
         if not bool(torch.isfinite(tensor).all()):
             _fail_at(certificate, name, f"{label} of {name} are not finite ({_non_finite_summary(tensor)})")
             return True

@@ -28,17 +28,16 @@ from functools import partial
 
 import torch
 
-from workers.fisher import cpu_kernels, recycled
+from workers.fisher import cpu_kernels
 from workers.fisher.batched_backward import batched_grad
 from workers.fisher.block_squares import (
-    ParameterSums,
     SquareAccumulator,
-    block_gradients,
     embedding_rows,
     ghost_moments,
     ghost_moments_compiled,
 )
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
+from workers.fisher.first_moments import Factored, FirstMoment, OuterRows, TableRows, Term, Whole
 from workers.fisher.shards import check_agreement, current_shard, sum_over_processes
 
 Progress = Callable[[float], None]
@@ -81,7 +80,7 @@ class EmbeddingRowProbe:
 @dataclass
 class DirectionResults:
     squares: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    linears: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    linears: dict[str, FirstMoment] = field(default_factory=dict)  # in their small form
     probes: dict[str, torch.Tensor] = field(default_factory=dict)  # [d] per probe
     # a snapshot's tensors that are still the running pass's sums (read, never write): group -> names
     lent: dict[str, set[str]] = field(default_factory=dict)
@@ -165,7 +164,8 @@ class _DirectionPass:
             SquareAccumulator(capture, s.vectors.shape[0], memory_budget_bytes // max(len(squares), 1))
             for s in squares
         ]
-        self.linear_sums = [ParameterSums(capture.shapes) for _ in linears]
+        # name -> the first moment's terms so far, per linear group (its small form, never parameter-sized)
+        self.linear_terms: list[dict[str, Factored]] = [{} for _ in linears]
         self.results = DirectionResults()
         self.padding = {
             block.name: sorted({u.padding_idx for u in block.uses if u.padding_idx is not None})
@@ -250,19 +250,18 @@ class _DirectionPass:
         for acc, local, weights, last in self._square_slices(start, count):
             acc.add_matrix(index, block, delta[local], weights, last, moments.get((index, acc)))
         linear = self._other_rows(start, count, "linear")
-        if linear:
-            grads = block_gradients(block, delta[[b for b, _ in linear]])
-            for pos, (_, group) in enumerate(linear):
-                self.linear_sums[group].add(block.name, grads[pos], block.slice)
+        feature = block.feature.detach()
+        for b, group in linear:  # a copy of the row: the chunk's gradients are freed after the fold
+            self._add_linear(
+                group, block.name, OuterRows(delta[b].clone(), feature, block.transposed, block.slice)
+            )
 
     def _fold_embedding(self, block: EmbeddingBlock, start: int, unique, rows) -> None:
         count = rows.shape[0]
         for acc, local, weights, _ in self._square_slices(start, count):
             acc.add_embedding(block, unique, rows[local], weights)
         for b, group in self._other_rows(start, count, "linear"):
-            value = recycled.zeros(self.capture.shapes[block.name], rows)
-            value[unique] = rows[b]
-            self.linear_sums[group].add(block.name, value)
+            self._add_linear(group, block.name, TableRows(unique, rows[b].clone()))
         for b, group in self._other_rows(start, count, "probe"):
             probe = self.probes[group]
             if probe.param == block.name:
@@ -278,7 +277,7 @@ class _DirectionPass:
         for acc, local, weights, _ in self._square_slices(start, count):
             acc.add_generic(name, grad[local], weights)
         for b, group in self._other_rows(start, count, "linear"):
-            self.linear_sums[group].add(name, grad[b].clone())
+            self._add_linear(group, name, Whole(grad[b].clone()))
         for b, group in self._other_rows(start, count, "probe"):
             probe = self.probes[group]
             if probe.param == name:
@@ -286,6 +285,13 @@ class _DirectionPass:
         for probe in self.summed:
             if probe.param == name:
                 self._sum_probe(probe, start, grad[:, probe.token_id])
+
+    def _add_linear(self, group: int, name: str, term: Term) -> None:
+        terms = self.linear_terms[group]
+        if name not in terms:
+            like = self.capture.hidden
+            terms[name] = Factored(tuple(self.capture.shapes[name]), like.dtype, like.device)
+        terms[name] = terms[name].plus(term)
 
     def _sum_probe(self, probe: EmbeddingRowProbe, start: int, rows: torch.Tensor) -> None:
         """Add this chunk's directions of the probe's square group, each row [b, d] at its coordinate, to
@@ -307,10 +313,9 @@ class _DirectionPass:
             sums = acc.finalize(self.capture, keep)
             results.squares[square.name] = sums.values
             results.lent[square.name] = sums.lent
-        for linear, sums in zip(self.linears, self.linear_sums, strict=True):
-            sums = sums.borrowed() if keep else sums
-            results.linears[linear.name] = sums.values
-            results.lent[linear.name] = sums.lent
+        for linear, terms in zip(self.linears, self.linear_terms, strict=True):
+            # a snapshot shares the terms: they are never changed, only replaced by sums with more
+            results.linears[linear.name] = FirstMoment(terms)
         return results
 
     def done_per_group(self, stop: int) -> list[int]:
@@ -384,8 +389,14 @@ def _sum_over_processes(results: DirectionResults, work: _DirectionPass) -> None
     own = {name: results.probes[name] for name in grown if name in results.probes}
     from_coordinates = {name: results.probes[name] for name in summed if name in results.probes}
     tables = [results.squares.setdefault(s.name, {}) for s in work.squares]
-    tables += [results.linears.setdefault(g.name, {}) for g in work.linears]
-    sum_over_processes(tables + [own, from_coordinates], [shapes] * len(tables) + [grown, summed])
+    # the first moments are rank 0's (it runs the lead), summed formed: a small form's terms differ in
+    # number between processes, a parameter-shaped sum does not
+    firsts = [results.linears[g.name].dense() if g.name in results.linears else {} for g in work.linears]
+    sum_over_processes(
+        tables + firsts + [own, from_coordinates], [shapes] * (len(tables) + len(firsts)) + [grown, summed]
+    )
+    for group, first in zip(work.linears, firsts, strict=True):
+        results.linears[group.name] = FirstMoment(first)
     results.probes = {**own, **from_coordinates}
 
 

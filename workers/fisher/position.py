@@ -33,6 +33,7 @@ from workers.fisher.directions import (
     SquareGroup,
     backprop_directions,
 )
+from workers.fisher.first_moments import Factored, FirstMoment, HeadOuter, Whole
 from workers.fisher.logit_map import LogitJacobian, logit_jacobian
 from workers.fisher.methods import SecondMomentPlan, second_moment_plan
 
@@ -64,9 +65,9 @@ class PositionMoments:
 
     fisher: Params
     fisher_p: Params | None
-    kbar_mu: Params
-    kbar_p: Params
-    policy_grad: Params | None
+    kbar_mu: FirstMoment  # the first moments in their small form (``first_moments``)
+    kbar_p: FirstMoment
+    policy_grad: FirstMoment | None
     hidden: torch.Tensor  # [d] h(s)
     head_scale: torch.Tensor  # [V] float64 g'(l): the logit map's derivative (ones for a linear head)
     cov_mu: OutputCovariance
@@ -263,26 +264,18 @@ class _Assembly:
 
         second: dict[str, Params] = {}
         for name, plan in self.plans.items():
-            params = head.assemble(
-                results.squares.get(name), plan.head_coefficient, squared=True, in_place=own(name)
-            )
+            params = head.second_moment(results.squares.get(name), plan.head_coefficient, in_place=own(name))
             for c in plan.probes:  # tied cross term, rows the context reads only
                 row = results.probes.get(f"{name}:{c}")
                 if row is not None:
                     params[layout.head_name][c] += 2 * head.scale[c].to(h.dtype) * h * row.to(h.dtype)
             second[name] = params
-        kbar_mu = head.assemble(results.linears.get("kbar_mu"), inputs.mu, in_place=own("kbar_mu"))
-        kbar_p = (
-            kbar_mu
-            if inputs.on_policy
-            else head.assemble(results.linears.get("kbar_p"), inputs.p, in_place=own("kbar_p"))
-        )
+        kbar_mu = head.first_moment(results.linears.get("kbar_mu"), inputs.mu)
+        kbar_p = kbar_mu if inputs.on_policy else head.first_moment(results.linears.get("kbar_p"), inputs.p)
         policy_grad = None
         if self.reward_mean is not None and inputs.reward is not None:
             centered = inputs.mu * (inputs.reward - self.reward_mean)
-            policy_grad = head.assemble(
-                results.linears.get("policy_grad"), centered, in_place=own("policy_grad")
-            )
+            policy_grad = head.first_moment(results.linears.get("policy_grad"), centered)
         plan_mu = self.plans["fisher"]
         return PositionMoments(
             fisher=second["fisher"],
@@ -303,28 +296,43 @@ class _Assembly:
 
 @dataclass
 class HeadTerms:
-    """Adds the LM head's closed form to the input-side moments and fills zeros for untouched tensors.
-
-    First moments: coefficient_c g'(l_c) h_k on the weight, coefficient_c g'(l_c) on the bias; squares
-    (``squared``, coefficient already carries g'^2): coefficient_c h_k^2 and coefficient_c.
-    """
+    """Adds the LM head's closed form to the input-side moments (``first_moment``, ``second_moment``);
+    a tensor the directions did not reach is zero."""
 
     layout: HeadLayout
     h: torch.Tensor  # [d]
     scale: torch.Tensor  # [V] float64 g'(l)
 
-    def assemble(
-        self,
-        input_side: Params | None,
-        coefficient: torch.Tensor,
-        squared: bool = False,
-        in_place: bool = False,
+    def first_moment(self, input_side: FirstMoment | None, coefficient: torch.Tensor) -> FirstMoment:
+        """The first moment with the head's closed form, still in its small form: the head's terms are
+        coefficient_c g'(l_c) times h (the weight) and times 1 (the bias)."""
+        h = self.h
+        per_row = (coefficient * self.scale).to(h.dtype)  # [V]
+        entries: dict[str, Factored | torch.Tensor] = {}
+        given = input_side.entries if input_side is not None else {}
+        for name in self.layout.names:
+            entry = given.get(name)
+            if entry is None:
+                entry = Factored(self.layout.shapes[name], h.dtype, h.device)
+            elif isinstance(entry, torch.Tensor):  # summed over processes: whole already
+                entry = Factored(self.layout.shapes[name], h.dtype, h.device, (Whole(entry.to(h.dtype)),))
+            if name == self.layout.head_name:
+                entry = entry.plus(HeadOuter(per_row, h))
+            if name == self.layout.head_bias_name:
+                entry = entry.plus(HeadOuter(per_row, None))
+            entries[name] = entry
+        return FirstMoment(entries)
+
+    def second_moment(
+        self, input_side: Params | None, coefficient: torch.Tensor, in_place: bool = False
     ) -> Params:
-        """``in_place``: the head's closed form is added into ``input_side``'s head tensor, which the
-        caller gives up (a fresh head-sized array costs a page fault per 4 kB, more than the addition)."""
+        """The squares with the head's closed form (``coefficient`` carries g'^2): coefficient_c h_k^2 on
+        the weight, coefficient_c on the bias; zeros for tensors the directions did not reach.
+        ``in_place``: the head's closed form is added into ``input_side``'s head tensor, which the caller
+        gives up (a fresh head-sized array costs a page fault per 4 kB, more than the addition)."""
         h, dtype = self.h, self.h.dtype
-        per_row = (coefficient if squared else coefficient * self.scale).to(dtype)  # [V]
-        features = h * h if squared else h
+        per_row = coefficient.to(dtype)  # [V]
+        features = h * h
         out: Params = {}
         for name in self.layout.names:
             value = (input_side or {}).get(name)

@@ -23,7 +23,7 @@ from workers.fisher.position import (
     position_moments,
 )
 from workers.fisher.sampler import Sampler, model_distribution, sampler_distribution
-from workers.fisher.stats import MomentSums, square_total
+from workers.fisher.stats import MomentSums, square_total_of
 
 Progress = Callable[[str, float], None]
 SequencePartial = Callable[[Callable[[], "SequenceAnalysis"], float], None]
@@ -70,13 +70,12 @@ def next_token_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def _position_totals(m: PositionMoments, on_policy: bool) -> dict[str, float]:
     fisher = sum(float(v.sum()) for v in m.fisher.values())
-    common_sq = square_total(list(m.kbar_p.values()))
+    common_sq = square_total_of(m.kbar_p)
     if on_policy:
         shift_sq, raw = 0.0, fisher + common_sq
     else:
-        # one difference at a time: all of them at once would be another P-sized array
-        shift_sq = sum(square_total([m.kbar_mu[n] - m.kbar_p[n]]) for n in m.kbar_mu)
-        raw = fisher + square_total(list(m.kbar_mu.values()))
+        shift_sq = square_total_of(m.kbar_mu.minus(m.kbar_p))
+        raw = fisher + square_total_of(m.kbar_mu)
     totals = {
         "fisher": fisher,
         "uncentered": fisher + shift_sq,
@@ -85,7 +84,7 @@ def _position_totals(m: PositionMoments, on_policy: bool) -> dict[str, float]:
         "common_sq": common_sq,
     }
     if m.policy_grad is not None and m.reward_std is not None:
-        totals["policy_grad_sq"] = square_total(list(m.policy_grad.values()))
+        totals["policy_grad_sq"] = square_total_of(m.policy_grad)
         totals["bound"] = m.reward_std * sum(float(v.clamp_min(0).sqrt().sum()) for v in m.fisher.values())
     return totals
 
@@ -239,9 +238,7 @@ def _fold_position(
         observe(moments)
     result.sums.add(moments)
     if not on_policy:
-        result.accumulated_shift_sq.append(
-            square_total(list(result.sums.sums.get("mean_shift", {}).values()))
-        )
+        result.accumulated_shift_sq.append(square_total_of(result.sums.sums.get("mean_shift", {})))
 
 
 def _single(layout: HeadLayout, inputs: PositionInputs, moments: PositionMoments) -> SequenceAnalysis:

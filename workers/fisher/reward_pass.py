@@ -139,7 +139,7 @@ def _position_gradient(
         capture, position, [], [direction], [], memory_budget_bytes=memory_budget_bytes
     )
     head = HeadTerms(layout, h, jacobian.head_scale())
-    gradient = head.assemble(results.linears.get("policy_grad"), centered, in_place=True)
+    gradient = head.first_moment(results.linears.get("policy_grad"), centered).dense()
     square = square_total(list(gradient.values()))
     at = RewardPosition(p, mu, h.to(torch.float64), jacobian.head_scale(), reward_mean, reward_std, square)
     return at, gradient

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from workers.fisher.first_moments import FirstMoment
 from workers.fisher.pooling import pooled_view, zero_view
 from workers.fisher.position_summary import HeadRows
 from workers.fisher.reward_pass import FisherRoots, RewardPass
@@ -63,7 +64,7 @@ def summary_with_reward(
         out["overlap"] = None
         zeros = {name: zero_view(shape, *_grid(pooled["fisher"][name])) for name, shape in shapes.items()}
         return out, {**pooled, "policy_grad": zeros, "bound": zeros}
-    gradient = MomentSums(list(shapes), shapes, {"policy_grad": computed.policy_grad})
+    gradient = MomentSums(list(shapes), shapes, {"policy_grad": FirstMoment(computed.policy_grad)})
     stds = [p.reward_std for p in computed.positions]
     _group_totals(
         out,

@@ -11,7 +11,7 @@ sums of squares the uncentered and raw moments need), and rho is the ratio of su
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -19,6 +19,7 @@ import torch
 
 from backend.vocabulary import RHO_NOT_ASKED, STATS
 from workers.fisher import cpu_kernels
+from workers.fisher.first_moments import Factored, FirstMoment, FormedCache, Root
 from workers.fisher.position import PositionMoments
 from workers.fisher.terms import StatTerms
 
@@ -39,6 +40,19 @@ def square_total(values: Sequence[torch.Tensor]) -> float:
     return sum(float(v.double().square().sum()) for v in values)
 
 
+def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
+    """``square_total`` of a mapping's tensors, read one at a time (a ``FirstMoment`` forms each as it
+    is read: all of them at once would be parameter-sized)."""
+    moment = tensors if isinstance(tensors, FirstMoment) else FirstMoment(tensors)
+    names = list(moment)
+    if names and cpu_kernels.compiled_for(moment.entry(names[0]).device):
+        sizes = [moment.numel(name) for name in names]
+        return sum(
+            cpu_kernels.each_in_threads(lambda name: cpu_kernels.square_sum(moment[name]), names, sizes)
+        )
+    return sum(square_total([moment[name]]) for name in names)
+
+
 @dataclass
 class MomentSums:
     """Sums over positions of every base quantity (one position: the position's own values).
@@ -46,14 +60,21 @@ class MomentSums:
     Absent entries are zero by construction (mean shifts on-policy, policy gradients without a
     reward). Sums of squares are only materialized from the second position on: for one position
     they are the squares of the first moments, and not storing them keeps two P-sized arrays free.
+    One position's first moments (common, mean shift, policy gradient) stay in their small form
+    (``first_moments``), formed one tensor at a time where read (the tensors formed last kept for
+    their next reader); from the second position on, they are summed as arrays.
     """
 
     names: list[str]
     shapes: dict[str, tuple[int, ...]]
-    sums: dict[str, Params] = field(default_factory=dict)
+    sums: dict[str, FirstMoment] = field(default_factory=dict)
     positions: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
+
+    def __post_init__(self) -> None:
+        self.cache = FormedCache()
+        self.sums = {key: FirstMoment(table.entries, self.cache) for key, table in self.sums.items()}
 
     SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
@@ -65,29 +86,36 @@ class MomentSums:
         if self.positions == 1:
             self._materialize_squares()
         track_squares = self.positions >= 1
+        shifts = None if on_policy else m.kbar_mu.minus(m.kbar_p)  # small where both are
         for name in self.names:
-            kmu, kp, f = m.kbar_mu[name], m.kbar_p[name], m.fisher[name]
+            f = m.fisher[name]
             if not m.fisher_zero:  # a one-hot mu adds nothing: keep no P-sized zeros
                 self._add("fisher", name, f)
-            if not on_policy:
-                shift = kmu - kp
-                self._add("mean_shift", name, shift)
+            if shifts is not None:
+                self._add("mean_shift", name, shifts.entry(name))
                 if m.fisher_p is not None:
                     self._add("fisher_p", name, m.fisher_p[name])
                 if track_squares:
-                    self._add_square("mean_shift_sq", name, shift)
-                    self._add_square("kbar_mu_sq", name, kmu)
-            self._add("common", name, kp)
+                    self._add_square("mean_shift_sq", name, shifts[name])
+                    self._add_square("kbar_mu_sq", name, m.kbar_mu[name])
+            self._add("common", name, m.kbar_p.entry(name))
             if track_squares:
-                self._add_square("common_sq", name, kp)
+                self._add_square("common_sq", name, m.kbar_p[name])
             if m.policy_grad is not None:
                 assert m.reward_std is not None
-                self._add("policy_grad", name, m.policy_grad[name])
-                if not m.fisher_zero:
-                    self._add("bound", name, m.reward_std * f.clamp_min(0).sqrt())
+                self._add("policy_grad", name, m.policy_grad.entry(name))
+                if not m.fisher_zero:  # read off the Fisher where it is read: no second P-sized array
+                    bound = Root(f, m.reward_std)
+                    self._add("bound", name, Factored(self.shapes[name], f.dtype, f.device, (bound,)))
         self.positions += 1
 
     def _materialize_squares(self) -> None:
+        """Before the second position: the first's small forms become arrays (the bound's reads the
+        Fisher, which the second position adds into), and the sums of squares start."""
+        for table in self.sums.values():
+            for name, entry in table.entries.items():
+                if isinstance(entry, Factored):
+                    table.entries[name] = entry.form()
         for name in self.names:
             for key, base in self.SQUARED.items():
                 value = self._get(base, name)
@@ -97,28 +125,42 @@ class MomentSums:
             if shift is not None:
                 self._add_square("kbar_mu_sq", name, self.sums["common"][name] + shift)
 
-    def _add(self, key: str, name: str, value: torch.Tensor) -> None:
-        """The first position's tensors are taken as they are (callers hand over fresh moments) and the
-        later positions add into them. Why not a new sum each time: a P-sized array per stat and
-        position (most of them fresh memory) took 0.3-1.0 s of each position's 2.6 s on SmolLM2 at
-        5 + 16 tokens, mc:16."""
-        table = self.sums.setdefault(key, {})
-        if name in table:
-            table[name].add_(value)
+    def _table(self, key: str) -> FirstMoment:
+        if key not in self.sums:
+            self.sums[key] = FirstMoment({}, self.cache)
+        return self.sums[key]
+
+    def _add(self, key: str, name: str, value: torch.Tensor | Factored) -> None:
+        """The first position's tensors (or small forms) are taken as they are (callers hand over fresh
+        moments) and the later positions add into them, a small form formed first. Why not a new sum
+        each time: a P-sized array per stat and position (most of them fresh memory) took 0.3-1.0 s of
+        each position's 2.6 s on SmolLM2 at 5 + 16 tokens, mc:16."""
+        entries = self._table(key).entries
+        if name not in entries:
+            entries[name] = value
+            return
+        current = entries[name]
+        total = current.form() if isinstance(current, Factored) else current
+        if isinstance(value, Factored):
+            value.add_into(total)
         else:
-            table[name] = value
+            total.add_(value)
+        entries[name] = total
 
     def _add_square(self, key: str, name: str, value: torch.Tensor) -> None:
         """``_add`` of value^2, without forming it where a sum is there to add into."""
-        table = self.sums.setdefault(key, {})
-        if name in table:
-            table[name].addcmul_(value, value)
+        entries = self._table(key).entries
+        if name in entries:
+            current = entries[name]
+            assert isinstance(current, torch.Tensor)  # sums of squares are arrays
+            current.addcmul_(value, value)
         else:
-            table[name] = value.square()
+            entries[name] = value.square()
 
     def _get(self, key: str, name: str) -> torch.Tensor | None:
         """A stored sum (none for the squares of a single position: those are formed where used)."""
-        return self.sums.get(key, {}).get(name)
+        table = self.sums.get(key)
+        return None if table is None else table.get(name)
 
     @property
     def has_reward(self) -> bool:
@@ -213,7 +255,7 @@ class MomentSums:
         stored = self._get(key, name)
         if stored is not None:
             return StatTerms(base, stored)
-        first = self.sums.get(self.SQUARED[key], {}).get(name)
+        first = self._get(self.SQUARED[key], name)
         if first is None:  # every position adds the common component (and a mean shift when it has one)
             raise ValueError("no position has been added")
         return StatTerms(base, first, squared=True)

@@ -224,7 +224,9 @@ def context_moments(
     fisher = second.pop("fisher")
     if Reference.model in references and sampler.is_on_policy:
         second[Reference.model] = fisher
-    shift = None if sampler.is_on_policy else head.assemble(results.linears.get("mean_shift"), mu - p)
+    shift = (
+        None if sampler.is_on_policy else head.first_moment(results.linears.get("mean_shift"), mu - p).dense()
+    )
     directions = sum(int(plan.vectors.shape[0]) for plan in plans.values()) + len(linears) + len(probes)
     return ContextMoments(fisher, shift, second, directions)
 
@@ -255,7 +257,7 @@ def _next_token_distributions(
 
 def _second_moment(head: HeadTerms, results: DirectionResults, key: str, plan: SecondMomentPlan) -> Params:
     """Input side plus the head's closed form plus, for a tied table, the cross term of the rows read."""
-    params = head.assemble(results.squares.get(key), plan.head_coefficient, squared=True)
+    params = head.second_moment(results.squares.get(key), plan.head_coefficient)
     name, h = head.layout.head_name, head.h
     for c in plan.probes:
         row = results.probes.get(f"{key}:{c}")

@@ -1,0 +1,136 @@
+"""The memory rule (docs/design.md §3b): an analysis of one position holds the weights, one
+parameter-sized sum (the Fisher) and a workspace that does not grow with the model; its first moments
+(kbar under mu and p, the mean shift, the policy gradient) stay in their small form and are formed one
+tensor at a time. Counted, not timed: the bytes of the arrays the engine's torch ops create and that
+are still alive, at their peak, in parameter-sized units."""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from backend.vocabulary import Method
+from tests.tiny_models import BUDGET, tiny_llama
+from workers.fisher import first_moments
+from workers.fisher.first_moments import Factored
+from workers.fisher.model_summary import model_summary
+from workers.fisher.position import HeadLayout, PositionInputs, position_moments
+from workers.fisher.stats import MomentSums
+
+IDS = torch.tensor([3, 5, 8, 3, 11])
+CURVE_STATS = ("fisher", "uncentered", "raw")
+
+
+class LiveArrays(TorchDispatchMode):
+    """The bytes of the arrays torch's ops create in this thread that are alive now, and their peak (an
+    array counts until the tensor that created it is gone; ``existing`` tensors' arrays, the weights,
+    never count, seen again through a view)."""
+
+    def __init__(self, existing) -> None:
+        super().__init__()
+        self.existing = {tensor.untyped_storage().data_ptr() for tensor in existing}
+        self.live: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+                self._count(tensor)
+        return out
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        key = tensor.untyped_storage().data_ptr()
+        size = tensor.untyped_storage().nbytes()
+        if key in self.live or key in self.existing or size == 0:
+            return
+        self.live[key] = size
+        self.now += size
+        self.peak = max(self.peak, self.now)
+        weakref.finalize(tensor, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.now -= self.live.pop(key, 0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    # wide matrices, a short context: the parameters outweigh every activation many times over
+    return tiny_llama(
+        tied=False, seed=5, vocab_size=512, hidden_size=64, intermediate_size=512, num_hidden_layers=4,
+        dtype=torch.float32,
+    )  # fmt: skip
+
+
+def _inputs(model, reward: bool) -> PositionInputs:
+    logits = model(input_ids=IDS[None]).logits[0, -1].detach().double()
+    p = torch.softmax(logits, -1)
+    mu = torch.softmax(logits / 0.7, -1)
+    rewards = torch.linspace(-1, 1, p.numel(), dtype=torch.float64) if reward else None
+    return PositionInputs(IDS, p, mu, rewards, on_policy=False, fisher_under_p=False)
+
+
+def test_one_position_holds_one_parameter_sized_sum(model, monkeypatch):
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    # a workspace of a few tensors (its settings scale with the machine; the rule with the model): the
+    # formed tensors kept, and a direction chunk's gradients at the modules' outputs
+    monkeypatch.setattr(first_moments, "FORMED_KEPT_BYTES", 2 * largest)
+    workspace = 2 * largest
+    layout = HeadLayout.of(model)
+    with LiveArrays(model.parameters()) as counted:
+        moments = position_moments(
+            model, _inputs(model, reward=True), Method(), memory_budget_bytes=workspace
+        )
+        sums = MomentSums(layout.names, layout.shapes)
+        sums.add(moments)
+        del moments
+        for stat in ("mean_shift", "common", "policy_grad", "bound", "raw"):  # each read once, in turn
+            for name in layout.names:
+                sums.stat(stat, name)
+    summary = model_summary(sums, layout.head_name, layout.embedding_name, CURVE_STATS)
+    assert summary["totals"]["fisher"] > 0
+    # the Fisher, and a workspace of a few of the largest tensors; held as arrays, the first moments and
+    # the bound were five sums more (kbar under mu and p, the mean shift, the policy gradient, the bound)
+    assert counted.peak <= parameter_bytes + 8 * largest, counted.peak / parameter_bytes
+
+
+def test_first_moments_stay_small_until_read(model):
+    layout = HeadLayout.of(model)
+    moments = position_moments(model, _inputs(model, reward=True), Method(), memory_budget_bytes=BUDGET)
+    sums = MomentSums(layout.names, layout.shapes)
+    sums.add(moments)
+    for key in ("common", "mean_shift", "policy_grad"):
+        entries = sums.sums[key].entries
+        assert all(isinstance(entry, Factored) for entry in entries.values()), key
+        held = sum(
+            math.prod(getattr(term, "delta", getattr(term, "rows", getattr(term, "per_row", None))).shape)
+            for entry in entries.values()
+            for term in entry.terms
+            if not isinstance(term, first_moments.Whole)
+        )
+        assert held < sum(math.prod(s) for s in layout.shapes.values()) / 4, key
+    # read, a tensor is the first moment itself: the mean shift is kbar_mu - kbar_p
+    for name in layout.names:
+        torch.testing.assert_close(
+            sums.sums["mean_shift"][name], moments.kbar_mu[name] - moments.kbar_p[name], rtol=1e-5, atol=1e-7
+        )
+
+
+def test_a_second_position_sums_first_moments_as_arrays(model):
+    layout = HeadLayout.of(model)
+    inputs = _inputs(model, reward=False)
+    sums = MomentSums(layout.names, layout.shapes)
+    moments = [position_moments(model, inputs, Method(), memory_budget_bytes=BUDGET) for _ in range(2)]
+    for m in moments:
+        sums.add(m)
+    for name in layout.names:
+        assert isinstance(sums.sums["common"].entry(name), torch.Tensor)
+        torch.testing.assert_close(
+            sums.sums["common"][name], 2 * moments[0].kbar_p[name], rtol=1e-5, atol=1e-7
+        )

@@ -1,0 +1,240 @@
+"""First moments in their small form, formed one parameter tensor at a time (docs/design.md §3b).
+
+A first moment d(v^T z)/dtheta is linear in the direction, and on a matrix use y = x M^T it is
+sum_r delta_r x_r^T: the gradient at the use's output ([r, o]) and the activations the forward recorded
+([r, i]) say all of it in (o + i) r floats, against o i for the tensor. So a position's first moments
+(kbar under mu and p, the policy gradient, the mean shift as their difference) are kept as such terms,
+and a tensor is formed only when something reads it, into a fresh array that lives as long as its
+reader holds it. Why: held as parameter-shaped arrays, the first moments of one off-policy position
+were three float32 copies of the model (7.2 GB of Qwen3-0.6B's peak of 16); kept small, the Fisher is the
+one parameter-sized sum an analysis holds.
+
+``FirstMoment`` reads like a ``dict`` of tensors (``moment[name]`` forms one); a bounded cache keeps the
+tensors formed last, since a summary reads a tensor's first moments once per stat it derives from them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+
+import torch
+
+Params = dict[str, torch.Tensor]
+# formed tensors kept for their next reader: a summary reads a tensor's first moments once per stat,
+# in one thread, before it goes on to the next tensor; a larger budget kept more in each thread's
+# malloc arena than it saved (Qwen3-0.6B: the summary's peak grew by 5.7 GB with 1 GB kept)
+FORMED_KEPT_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class OuterRows:
+    """scale * sum_r delta[r, o] feature[r, i]: a matrix use's [o, i] (``transposed``: the tensor is
+    [i, o]), written at ``index`` of a 3-D tensor (a routed expert's slice) when given."""
+
+    delta: torch.Tensor  # [r, o]
+    feature: torch.Tensor  # [r, i]
+    transposed: bool = False
+    index: int | None = None
+    scale: float = 1.0
+
+    @property
+    def covers(self) -> bool:
+        return self.index is None
+
+    def add_into(self, target: torch.Tensor, first: bool) -> None:
+        at = target if self.index is None else target[self.index]
+        left, right = (self.feature.T, self.delta) if self.transposed else (self.delta.T, self.feature)
+        if first:
+            torch.mm(left, right, out=at)
+            if self.scale != 1.0:
+                at.mul_(self.scale)
+        else:
+            at.addmm_(left, right, alpha=self.scale)
+
+
+@dataclass(frozen=True)
+class TableRows:
+    """scale * rows at the table's ``unique`` rows (an embedding lookup's gradient), zero elsewhere."""
+
+    unique: torch.Tensor  # [c] long
+    rows: torch.Tensor  # [c, o]
+    scale: float = 1.0
+
+    covers = False
+
+    def add_into(self, target: torch.Tensor, first: bool) -> None:
+        target.index_add_(0, self.unique, self.rows.to(target.dtype), alpha=self.scale)
+
+
+@dataclass(frozen=True)
+class HeadOuter:
+    """scale * per_row_c features_k: the LM head's closed form (a bias: ``features`` None, per_row_c)."""
+
+    per_row: torch.Tensor  # [V]
+    features: torch.Tensor | None  # [d]
+    scale: float = 1.0
+
+    covers = True
+
+    def add_into(self, target: torch.Tensor, first: bool) -> None:
+        if self.features is None:
+            if first:
+                torch.mul(self.per_row, self.scale, out=target)
+            else:
+                target.add_(self.per_row, alpha=self.scale)
+            return
+        if first:
+            torch.outer(self.per_row, self.features, out=target)
+            if self.scale != 1.0:
+                target.mul_(self.scale)
+        else:
+            target.addr_(self.per_row, self.features, alpha=self.scale)
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A parameter-shaped array, as autograd gives a parameter without a form (a norm weight, a bias)."""
+
+    value: torch.Tensor
+    scale: float = 1.0
+
+    covers = True
+
+    def add_into(self, target: torch.Tensor, first: bool) -> None:
+        if first:
+            torch.mul(self.value, self.scale, out=target)
+        else:
+            target.add_(self.value, alpha=self.scale)
+
+
+@dataclass(frozen=True)
+class Root:
+    """scale * sqrt(max(value, 0)): the bound std(r) sqrt(fisher) of one position, read off its Fisher
+    (``value``, which must not change while this is held)."""
+
+    value: torch.Tensor
+    scale: float = 1.0
+
+    covers = True
+
+    def add_into(self, target: torch.Tensor, first: bool) -> None:
+        if first:
+            torch.clamp_min(self.value, 0, out=target).sqrt_().mul_(self.scale)
+        else:
+            target.add_(self.value.clamp_min(0).sqrt(), alpha=self.scale)
+
+
+Term = OuterRows | TableRows | HeadOuter | Whole | Root
+
+
+@dataclass(frozen=True)
+class Factored:
+    """One tensor's first moment as the sum of its terms (none: zero)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    terms: tuple[Term, ...] = ()
+
+    def plus(self, *terms: Term) -> Factored:
+        return replace(self, terms=self.terms + terms)
+
+    def scaled(self, factor: float) -> Factored:
+        return replace(self, terms=tuple(replace(t, scale=t.scale * factor) for t in self.terms))
+
+    def minus(self, other: Factored) -> Factored:
+        return self.plus(*other.scaled(-1.0).terms)
+
+    def add_into(self, target: torch.Tensor) -> None:
+        for term in self.terms:
+            term.add_into(target, first=False)
+
+    def form(self) -> torch.Tensor:
+        """The tensor, a fresh array (the first term that covers it writes it; zeros only where none does)."""
+        covering = next((t for t in self.terms if t.covers), None)
+        if covering is None:
+            target = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        else:
+            target = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            covering.add_into(target, first=True)
+        for term in self.terms:
+            if term is not covering:
+                term.add_into(target, first=False)
+        return target
+
+
+class FormedCache:
+    """Tensors formed from small forms, kept for their next reader within a byte budget (the oldest let
+    go first, the newest kept whatever its size: its reader holds it anyway). Keyed by the small form
+    itself, which the cache holds, so that a key is never reused by another."""
+
+    def __init__(self, budget_bytes: int | None = None):
+        self.budget_bytes = FORMED_KEPT_BYTES if budget_bytes is None else budget_bytes
+        self._kept: OrderedDict[int, tuple[Factored, torch.Tensor]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def formed(self, entry: Factored) -> torch.Tensor:
+        key = id(entry)
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key][1]
+        value = entry.form()  # outside the lock: tensors are formed in threads
+        with self._lock:
+            self._kept[key] = (entry, value)
+            held = sum(v.numel() * v.element_size() for _, v in self._kept.values())
+            while len(self._kept) > 1 and held > self.budget_bytes:
+                _, (_, dropped) = self._kept.popitem(last=False)
+                held -= dropped.numel() * dropped.element_size()
+        return value
+
+
+class FirstMoment(Mapping[str, torch.Tensor]):
+    """name -> the tensor, formed on reading from its small form (``Factored``) or stored whole.
+
+    Read-only to its readers: a formed tensor may be the cache's, shared with the next reader.
+    """
+
+    def __init__(self, entries: Mapping[str, Factored | torch.Tensor], cache: FormedCache | None = None):
+        self.entries: dict[str, Factored | torch.Tensor] = dict(entries)
+        self.cache = cache
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        entry = self.entries[name]
+        if isinstance(entry, torch.Tensor):
+            return entry
+        return entry.form() if self.cache is None else self.cache.formed(entry)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def entry(self, name: str) -> Factored | torch.Tensor:
+        return self.entries[name]
+
+    def numel(self, name: str) -> int:
+        entry = self.entries[name]
+        return entry.numel() if isinstance(entry, torch.Tensor) else math.prod(entry.shape)
+
+    def minus(self, other: FirstMoment) -> FirstMoment:
+        """self - other, tensor by tensor, still small where both are."""
+        out: dict[str, Factored | torch.Tensor] = {}
+        for name, mine in self.entries.items():
+            theirs = other.entries[name]
+            if isinstance(mine, Factored) and isinstance(theirs, Factored):
+                out[name] = mine.minus(theirs)
+            else:
+                out[name] = self[name] - other[name]
+        return FirstMoment(out)
+
+    def dense(self) -> Params:
+        """Every tensor formed (parameter-sized in all): for sums over positions, which are dense."""
+        return {
+            name: self[name] if isinstance(e, torch.Tensor) else e.form() for name, e in self.entries.items()
+        }
