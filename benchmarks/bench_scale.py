@@ -3,9 +3,11 @@
 Builds a model folder from transformers' own config class at a real model's sizes (random bf16 weights,
 its own norms; SmolLM2's tokenizer files, whose ids are all inside the vocabulary), then runs the CLI on
 it in a child process per case under `/usr/bin/time -v`: peak resident memory, wall time, the
-directions the summary counts, and the floor 2 r P T at the float32 matmul rate the CLI measured at the
-model's width (its estimate line). Cases: the 5-token prefix "She drank a cup of" at T 0.7, top-k 50
-(the first answer: no rho), the same with `--rho`, and on the policy.
+directions the summary counts, and the floor 2 r P T at the float32 matmul rate this script measures at
+the model's width before its cases (the CLI's remembered rate may come from a busier moment). Cases:
+the 5-token prefix "She drank a cup of" at T 0.7, top-k 50 (the first answer: no rho), the same with
+`--rho`, and on the policy. Each shape's runs share a cache folder of their own
+(``FISHERSCOPE_CACHE``): the first case pays the model's certificate, the others read it.
 
 Usage: .venv/bin/python benchmarks/bench_scale.py [--shapes qwen3-0.6b,qwen3-1.7b] [--cases ...]
 A shape whose float32 weights and sums cannot fit this machine's memory is skipped with the reason.
@@ -63,19 +65,19 @@ def build(shape: str, folder: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run_case(folder: Path, flags: list[str], out: Path) -> dict:
-    """One CLI run: peak RSS (GB), wall seconds, directions per position, the measured rate, the floor."""
+def run_case(folder: Path, flags: list[str], out: Path, rate: float, cache: Path) -> dict:
+    """One CLI run: peak RSS (GB), wall seconds, directions per position, the floor at ``rate``."""
     command = [
         "/usr/bin/time", "-v", sys.executable, "-m", "workers.cli", "analyze", "--model", str(folder),
         "--prefix", PREFIX, "--summary", str(out), *flags,
     ]  # fmt: skip
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ})
+    environment = {**os.environ, "FISHERSCOPE_CACHE": str(cache)}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
-    rate = float(re.search(r"at (\d+) GFLOP/s", done.stdout).group(1)) * 1e9
     summary = json.loads(out.read_text())
     directions = sum(summary["directions_per_process"])
     tokens = summary["positions"][0]["context_length"]
@@ -102,8 +104,14 @@ def main() -> None:
                     f"  skipped: about {need / 1e9:.0f} GB at peak today; this machine has {memory / 1e9:.0f}"
                 )
                 continue
+            from workers.throughput import measure_width
+
+            rate = measure_width("cpu", SHAPES[shape]["hidden_size"], seconds=3.0)
+            print(f"  float32 rate at width {SHAPES[shape]['hidden_size']}: {rate / 1e9:.0f} GFLOP/s")
             for case in args.cases.split(","):
-                found = run_case(folder, CASES[case], Path(scratch) / "summary.json")
+                found = run_case(
+                    folder, CASES[case], Path(scratch) / "summary.json", rate, Path(scratch) / "cache"
+                )
                 if "error" in found:
                     print(f"  {case:<22} failed: {found['error']}")
                     continue

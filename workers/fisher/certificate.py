@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -68,17 +68,33 @@ class Certificate:
         )
 
 
-def _error_floor(scale: float, dtype: torch.dtype) -> float:
-    """The denominator's floor of ``_relative_error``, at the rounding level of the whole computation:
-    a tensor whose sensitivity is zero up to rounding (OPT's key biases: softmax ignores a shift shared
-    by every key) carries noise of about eps x the largest tensor (``scale``) in both computations,
-    which says nothing about either. Float64: 1e-6 of the largest tensor; float32: 1.2e-2 of it."""
-    return max(scale * min(0.1, max(1e-6, 1e5 * torch.finfo(dtype).eps)), torch.finfo(torch.float64).tiny)
+# values compared at a time: the difference is taken in float64, and a whole embedding table's worth of
+# float64 temporaries was 5 GB of Qwen3-0.6B's certificate
+COMPARED_AT_ONCE = 1 << 22
 
 
-def _relative_error(got: torch.Tensor, want: torch.Tensor, floor: float) -> float:
-    """max |got - want| / max |want| (floored, ``_error_floor``)."""
-    return float((got.double() - want.double()).abs().max()) / max(float(want.abs().max()), floor)
+def _difference_and_scale(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """(max |got - want|, max |want|), the difference in float64, a slice of values at a time."""
+    got, want = got.reshape(-1), want.reshape(-1)
+    difference = scale = 0.0
+    for start in range(0, want.numel(), COMPARED_AT_ONCE):
+        part = slice(start, start + COMPARED_AT_ONCE)
+        difference = max(difference, float((got[part].double() - want[part].double()).abs().max()))
+        scale = max(scale, float(want[part].abs().max()))
+    return difference, scale
+
+
+def _relative_errors(found: dict[str, tuple[float, float]], dtype: torch.dtype) -> dict[str, float]:
+    """max |got - want| / max |want| per tensor, from each tensor's pair of maxima.
+
+    The denominator is floored at the rounding level of the whole computation: a tensor whose
+    sensitivity is zero up to rounding (OPT's key biases: softmax ignores a shift shared by every key)
+    carries noise of about eps x the largest tensor in both computations, which says nothing about
+    either. Float64: 1e-6 of the largest tensor; float32: 1.2e-2 of it.
+    """
+    scale = max((want for _, want in found.values()), default=0.0)
+    floor = max(scale * min(0.1, max(1e-6, 1e5 * torch.finfo(dtype).eps)), torch.finfo(torch.float64).tiny)
+    return {name: difference / max(want, floor) for name, (difference, want) in found.items()}
 
 
 def certify(
@@ -172,63 +188,74 @@ def _compare_with_autograd(
     head_only = head.first_moment(None, u)
     engine_square = head.second_moment(results.squares.get("square"), torch.zeros_like(u))
     del capture, results
-    plain = _autograd_gradient(model, ids, u)
-    _compare_moments(model, plain, head_only, engine_first, engine_square, certificate)
-
-
-def _compare_moments(
-    model: nn.Module,
-    plain: dict[str, torch.Tensor],
-    head_only: Mapping[str, torch.Tensor],
-    engine_first: Mapping[str, torch.Tensor],
-    engine_square: dict[str, torch.Tensor],
-    certificate: Certificate,
-) -> None:
-    """The engine's first moments and squares against autograd's, tensor by tensor: the expected
-    squares and the engine's first moments are formed one tensor at a time (each is a copy of the
-    model in all), and each pair is let go once compared."""
-
-    def want_square(name: str) -> torch.Tensor:  # the input side: autograd's less the head's closed form
-        return (plain[name] - head_only[name].to(plain[name].dtype)).square()
-
-    for label, tensor_of in (
-        ("autograd's sensitivities", plain.__getitem__),
-        ("autograd's squared input-side sensitivities", want_square),
-        ("the engine's first moments", engine_first.__getitem__),
-        ("the engine's squares", engine_square.__getitem__),
-    ):
-        if _refuse_non_finite_tensors(certificate, label, plain, tensor_of):
-            return
-    dtype = next(model.parameters()).dtype
-    first_floor = _error_floor(
-        max((float(g.abs().max()) for g in plain.values() if g.numel()), default=0.0), dtype
+    compared = _Compared(head_only, engine_first, engine_square)
+    _each_autograd_gradient(model, ids, u, compared.visit)
+    compared.judge(
+        [name for name, _ in model.named_parameters()], next(model.parameters()).dtype, certificate
     )
-    square_floor = _error_floor(
-        max((float(want_square(n).max()) for n, g in plain.items() if g.numel()), default=0.0), dtype
-    )
-    firsts: dict[str, float] = {}
-    squares: dict[str, float] = {}
-    for name in list(plain):
-        if plain[name].numel():
-            firsts[name] = _relative_error(engine_first[name], plain[name], first_floor)
-            squares[name] = _relative_error(engine_square[name], want_square(name), square_floor)
-        del plain[name], engine_square[name]
-    certificate.first_moment_error = _largest(firsts.values())
-    certificate.square_error = _largest(squares.values())
-    worst_name, worst = max(
-        ((n, _largest([firsts[n], squares.get(n, 0.0)])) for n in firsts), key=lambda item: item[1]
-    )
-    certificate.worst_parameter = worst_name
-    if not worst <= certificate.tolerance:
-        _fail_at(
-            certificate,
-            worst_name,
-            f"the engine's sensitivities of {worst_name} differ from autograd by {worst:.2g} (relative, "
-            f"tolerance {certificate.tolerance:g}); the module uses its parameters in a way the engine "
-            "does not see",
+
+
+_CHECKED = (
+    "autograd's sensitivities",
+    "autograd's squared input-side sensitivities",
+    "the engine's first moments",
+    "the engine's squares",
+)
+
+
+class _Compared:
+    """The engine's first moments and squares against autograd's, tensor by tensor as autograd's
+    gradient of each arrives: neither side is ever held whole but the engine's squares (the one
+    parameter-sized sum), and each tensor's pair is let go once compared. What is kept per tensor: the
+    largest difference and the largest expected value, for errors relative to the whole model's."""
+
+    def __init__(self, head_only, engine_first, engine_square) -> None:
+        self.head_only: Mapping[str, torch.Tensor] = head_only
+        self.engine_first: Mapping[str, torch.Tensor] = engine_first
+        self.engine_square: dict[str, torch.Tensor] = engine_square
+        self.firsts: dict[str, tuple[float, float]] = {}  # name -> (max |difference|, max |expected|)
+        self.squares: dict[str, tuple[float, float]] = {}
+        self.non_finite: dict[str, dict[str, str]] = {
+            label: {} for label in _CHECKED
+        }  # label -> name -> what
+
+    def visit(self, name: str, plain: torch.Tensor) -> None:
+        want_square = (plain - self.head_only[name].to(plain.dtype)).square()
+        got_first, got_square = self.engine_first[name], self.engine_square.pop(name)
+        for label, tensor in zip(_CHECKED, (plain, want_square, got_first, got_square), strict=True):
+            if not bool(torch.isfinite(tensor).all()):
+                self.non_finite[label][name] = _non_finite_summary(tensor)
+        if plain.numel():
+            self.firsts[name] = _difference_and_scale(got_first, plain)
+            self.squares[name] = _difference_and_scale(got_square, want_square)
+
+    def judge(self, names: list[str], dtype: torch.dtype, certificate: Certificate) -> None:
+        """The certificate's verdict: the first non-finite tensor (by what was checked, then the model's
+        order), else the largest relative error against the tolerance."""
+        for label in _CHECKED:
+            failing = self.non_finite[label]
+            if failing:
+                name = next(n for n in names if n in failing)
+                _fail_at(certificate, name, f"{label} of {name} are not finite ({failing[name]})")
+                return
+        firsts = _relative_errors(self.firsts, dtype)
+        squares = _relative_errors(self.squares, dtype)
+        certificate.first_moment_error = _largest(firsts.values())
+        certificate.square_error = _largest(squares.values())
+        worst_name, worst = max(
+            ((n, _largest([firsts[n], squares.get(n, 0.0)])) for n in firsts), key=lambda item: item[1]
         )
-        return
-    certificate.passed = True
+        certificate.worst_parameter = worst_name
+        if not worst <= certificate.tolerance:
+            _fail_at(
+                certificate,
+                worst_name,
+                f"the engine's sensitivities of {worst_name} differ from autograd by {worst:.2g} (relative, "
+                f"tolerance {certificate.tolerance:g}); the module uses its parameters in a way the engine "
+                "does not see",
+            )
+            return
+        certificate.passed = True
 
 
 def _largest(errors) -> float:
@@ -253,18 +280,6 @@ def _non_finite_summary(tensor: torch.Tensor) -> str:
     inf = int(torch.isinf(tensor).sum())
     parts = [f"{nan} NaN"] * bool(nan) + [f"{inf} infinite"] * bool(inf)
     return f"{' and '.join(parts)} of {tensor.numel()} values"
-
-
-def _refuse_non_finite_tensors(
-    certificate: Certificate, label: str, names: Iterable[str], tensor_of: Callable[[str], torch.Tensor]
-) -> bool:
-    """Fail the certificate at the first parameter whose ``label`` holds a NaN or an infinity."""
-    for name in names:
-        tensor = tensor_of(name)
-        if not bool(torch.isfinite(tensor).all()):
-            _fail_at(certificate, name, f"{label} of {name} are not finite ({_non_finite_summary(tensor)})")
-            return True
-    return False
 
 
 def _fail_at(certificate: Certificate, name: str, what: str) -> None:
@@ -360,11 +375,36 @@ def _causality_failure(
     return None
 
 
-def _autograd_gradient(model: nn.Module, ids: torch.Tensor, u: torch.Tensor) -> dict[str, torch.Tensor]:
-    """d(u^T z)/dtheta at the last position by one ordinary backward through the unmodified model."""
-    names = [n for n, _ in model.named_parameters()]
-    params = [p for _, p in model.named_parameters()]
-    with torch.enable_grad():
-        logits = model(input_ids=ids[None], use_cache=False).logits[0, -1]
-        grads = torch.autograd.grad(logits @ u.to(logits.dtype), params, allow_unused=True)
-    return {n: torch.zeros_like(p) if g is None else g for n, p, g in zip(names, params, grads, strict=True)}
+def _each_autograd_gradient(
+    model: nn.Module, ids: torch.Tensor, u: torch.Tensor, visit: Callable[[str, torch.Tensor], None]
+) -> None:
+    """``visit(name, d(u^T z)/dtheta)`` at the last position, by one ordinary backward through the
+    unmodified model, for each parameter as its gradient is accumulated (a parameter the output does
+    not reach: zeros); the gradient is let go after its visit, so that the whole is never held."""
+    named = list(model.named_parameters())
+    seen: set[str] = set()
+
+    def arrived(name: str) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            assert param.grad is not None
+            visit(name, param.grad)
+            seen.add(name)
+            param.grad = None
+
+        return hook
+
+    for _, param in named:
+        param.grad = None
+    handles = [param.register_post_accumulate_grad_hook(arrived(name)) for name, param in named]
+    try:
+        with torch.enable_grad():
+            logits = model(input_ids=ids[None], use_cache=False).logits[0, -1]
+            (logits @ u.to(logits.dtype)).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+        for _, param in named:
+            param.grad = None
+    for name, param in named:
+        if name not in seen:
+            visit(name, torch.zeros_like(param))

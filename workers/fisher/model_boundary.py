@@ -87,6 +87,10 @@ class BoundaryPass:
     def _of_tensor(self, name: str) -> tuple[dict[str, dict[int, torch.Tensor]], dict, dict]:
         """One tensor's boundary-bin values per curve stat, its top candidates and (for the Fisher) its
         exact named shares. Reads only: ``named`` combines the tensors' results in order."""
+        with self.totals.sums.one_tensor_at_a_time():
+            return self._tensor_pass(name)
+
+    def _tensor_pass(self, name: str) -> tuple[dict[str, dict[int, torch.Tensor]], dict, dict]:
         tensor_plan = self.tensor_plans.get(name)
         concentration = {"fisher": {f"{q:g}": 0.0 for q in NAMED_FRACTIONS}}
         selected: dict[str, dict[int, torch.Tensor]] = {}

@@ -17,12 +17,15 @@ class ScratchPool:
         self.free: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
 
     def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The smallest free buffer of at least ``numel`` values, else a new one (a larger buffer kept
+        for the thread that will summarize the largest tensor)."""
         with self.lock:
             free = self.free.get((dtype, torch.device(device)), [])
-            buffer = free.pop() if free else None
-        if buffer is None or buffer.numel() < numel:
-            buffer = torch.empty(numel, dtype=dtype, device=device)
-        return buffer
+            fits = [b for b in free if b.numel() >= numel]
+            buffer = min(fits, key=lambda b: b.numel()) if fits else None
+            if buffer is not None:
+                free.remove(buffer)
+        return buffer if buffer is not None else torch.empty(numel, dtype=dtype, device=device)
 
     def give(self, buffer: torch.Tensor) -> None:
         with self.lock:

@@ -10,6 +10,7 @@ sums of squares the uncentered and raw moments need), and rho is the ratio of su
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,14 +44,20 @@ def square_total(values: Sequence[torch.Tensor]) -> float:
 def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
     """``square_total`` of a mapping's tensors, read one at a time (a ``FirstMoment`` forms each as it
     is read: all of them at once would be parameter-sized)."""
-    moment = tensors if isinstance(tensors, FirstMoment) else FirstMoment(tensors)
+    entries = tensors.entries if isinstance(tensors, FirstMoment) else dict(tensors)
+    cache = FormedCache(0)
+    moment = FirstMoment(entries, cache, "square")  # each thread forms into one buffer of its own
     names = list(moment)
-    if names and cpu_kernels.compiled_for(moment.entry(names[0]).device):
-        sizes = [moment.numel(name) for name in names]
-        return sum(
-            cpu_kernels.each_in_threads(lambda name: cpu_kernels.square_sum(moment[name]), names, sizes)
-        )
-    return sum(square_total([moment[name]]) for name in names)
+    compiled = bool(names) and cpu_kernels.compiled_for(moment.entry(names[0]).device)
+
+    def square_sum(name: str) -> float:
+        with cache.one_tensor_at_a_time():
+            value = moment[name]
+            return cpu_kernels.square_sum(value) if compiled else square_total([value])
+
+    if compiled:
+        return sum(cpu_kernels.each_in_threads(square_sum, names, [moment.numel(name) for name in names]))
+    return sum(square_sum(name) for name in names)
 
 
 @dataclass
@@ -74,7 +81,7 @@ class MomentSums:
 
     def __post_init__(self) -> None:
         self.cache = FormedCache()
-        self.sums = {key: FirstMoment(table.entries, self.cache) for key, table in self.sums.items()}
+        self.sums = {key: FirstMoment(table.entries, self.cache, key) for key, table in self.sums.items()}
 
     SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
@@ -127,7 +134,7 @@ class MomentSums:
 
     def _table(self, key: str) -> FirstMoment:
         if key not in self.sums:
-            self.sums[key] = FirstMoment({}, self.cache)
+            self.sums[key] = FirstMoment({}, self.cache, key)
         return self.sums[key]
 
     def _add(self, key: str, name: str, value: torch.Tensor | Factored) -> None:
@@ -203,7 +210,11 @@ class MomentSums:
         terms = self.terms(stat, name)  # zeros for a stat zero by construction
         if terms is None:  # raw at one position off-policy: kbar_mu = common + shift, squared in place
             target = self._buffer(name, out)
-            torch.add(self.sums["common"][name], self.sums["mean_shift"][name], out=target)
+            common, shift = self.sums["common"].entry(name), self.sums["mean_shift"].entry(name)
+            if isinstance(common, Factored) and isinstance(shift, Factored):  # formed once, in the target
+                common.plus(*shift.terms).form(out=target)
+            else:
+                torch.add(self.sums["common"][name], self.sums["mean_shift"][name], out=target)
             return target.square_().add_(self._fisher(name))
         return terms.formed(None if terms.extra is None else self._buffer(name, out))
 
@@ -262,6 +273,11 @@ class MomentSums:
 
     def _zeros(self, name: str) -> torch.Tensor:
         return torch.zeros(self.shapes[name], dtype=self.dtype, device=self.device)
+
+    def one_tensor_at_a_time(self) -> contextlib.AbstractContextManager[None]:
+        """A block that reads one tensor's stats and keeps only numbers of them: its first moments are
+        formed into this thread's buffers (``FormedCache.one_tensor_at_a_time``)."""
+        return self.cache.one_tensor_at_a_time()
 
     def iter_stat(self, stat: str) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.names:
