@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from backend.memory_estimate import estimate_peak
 from backend.schemas import AnalysisJob, CostEstimate
 from backend.square_forms import prefers_ghost
 from backend.vocabulary import Method, MethodName, SamplerKind
@@ -17,6 +18,7 @@ from backend.vocabulary import Method, MethodName, SamplerKind
 class SizedModel(Protocol):
     n_params: int
     d_model: int
+    vocab_size: int
     tied_embeddings: bool
 
 
@@ -118,14 +120,18 @@ def estimate_seconds(info: SizedModel, job: AnalysisJob, flops_per_second: float
     return (DIRECTION_EFFICIENCY * estimate_flops(info, job) + overhead) / max(flops_per_second, 1.0)
 
 
-def estimate_cost(info: SizedModel, job: AnalysisJob, flops_per_second: float) -> CostEstimate:
-    """Flops of the direction pass, and seconds of the whole analysis, of `job` at `flops_per_second`."""
+def estimate_cost(
+    info: SizedModel, job: AnalysisJob, flops_per_second: float, chunk_bytes: int = 1 << 30
+) -> CostEstimate:
+    """Flops of the direction pass, and seconds of the whole analysis, of `job` at `flops_per_second`;
+    its peak memory with direction chunks of ``chunk_bytes`` (``backend.memory_estimate``)."""
     flops = estimate_flops(info, job)
     return CostEstimate(
         flops=flops,
         seconds=estimate_seconds(info, job, flops_per_second),
         directions=backward_directions(info, job),
         upper_bound=job.method.name == MethodName.truncated,
+        peak_bytes=estimate_peak(info, job, chunk_bytes).total,
     )
 
 

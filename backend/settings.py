@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     engine_memory_bytes: int = Field(
         default=1 << 30, description="memory one direction chunk of the engine may use (bytes)"
     )
+    memory_limit_bytes: int | None = Field(
+        default=None,
+        description="an analysis whose estimated peak memory is above this is refused (unset: the memory "
+        "of the machine that checks: the API's, or the CLI's)",
+    )
     api_token: SecretStr | None = Field(
         default=None,
         description="when set, routes that compute or write to disk (and the dashboard) need it: "

@@ -27,6 +27,9 @@ class CostEstimate(BaseModel):
         "the configured (or measured) throughput",
     )
     directions: int = Field(..., description="backward directions per analysed position")
+    peak_bytes: int | None = Field(
+        None, description="estimated peak resident memory of the analysis (weights, sums, workspace)"
+    )
     upper_bound: bool = Field(False, description="true when the estimate is an upper bound (truncated)")
 
 

@@ -166,7 +166,9 @@ def test_model_ids_are_an_allow_list(model: str) -> None:
 
 def test_cost_exact_matches_design_figure() -> None:
     """docs/design.md §3: about 0.78 TFLOP for SmolLM2-135M on a 5-token prefix."""
-    info = type("Info", (), {"n_params": 134_515_008, "d_model": 576, "tied_embeddings": True})()
+    info = type(
+        "Info", (), {"n_params": 134_515_008, "d_model": 576, "vocab_size": 49152, "tied_embeddings": True}
+    )()
     job = AnalysisJob(model="smollm2-135m", weights_digest="d", input_ids=[1, 2, 3, 4, 5])
     cost = estimate_cost(info, job, flops_per_second=1e12)
     assert cost.directions == 576 and not cost.upper_bound
@@ -186,7 +188,7 @@ RATE = 1e11  # flop/s; these checks are about flops and directions, not seconds
 
 
 def test_cost_scales_with_sampler_and_method() -> None:
-    info = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": False})()
+    info = type("Info", (), {"n_params": 1000, "d_model": 64, "vocab_size": 10, "tied_embeddings": False})()
     base = AnalysisJob(model="m", weights_digest="d", input_ids=[1, 2, 3])
     exact = estimate_cost(info, base, RATE)
     tempered = base.model_copy(update={"sampler": Sampler(temperature=0.7)})
@@ -208,8 +210,8 @@ def test_cost_scales_with_sampler_and_method() -> None:
 def test_cost_counts_the_tied_tables_probes() -> None:
     """A tied table sends one probe direction per distinct context token and Fisher formed, except in an
     exact analysis, which sums each probe's row from its complete basis of directions."""
-    untied = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": False})()
-    tied = type("Info", (), {"n_params": 1000, "d_model": 64, "tied_embeddings": True})()
+    untied = type("Info", (), {"n_params": 1000, "d_model": 64, "vocab_size": 10, "tied_embeddings": False})()
+    tied = type("Info", (), {"n_params": 1000, "d_model": 64, "vocab_size": 10, "tied_embeddings": True})()
     exact = AnalysisJob(model="m", weights_digest="d", input_ids=[5, 6, 5], continuation_ids=[6, 7])
     assert probe_directions(tied, exact) == [0, 0]
     assert estimate_flops(tied, exact) == estimate_flops(untied, exact)

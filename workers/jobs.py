@@ -96,7 +96,7 @@ def analyze_job(
 
 def _cost(loaded: LoadedModel, job: AnalysisJob, settings: Settings, flops_per_second: float | None = None):
     rate = flops_per_second or settings.flops_per_second
-    return estimate_cost(loaded.info, job, rate).model_dump(mode="json")
+    return estimate_cost(loaded.info, job, rate, settings.engine_memory_bytes).model_dump(mode="json")
 
 
 @contextmanager
@@ -168,7 +168,7 @@ def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: Mode
             return None
     concrete = job.model_copy(update={"continuation_ids": ids, "continuation_sample": None})
     concrete_id = concrete.key()
-    estimate = estimate_cost(loaded.info, concrete, settings.flops_per_second)
+    estimate = estimate_cost(loaded.info, concrete, settings.flops_per_second, settings.engine_memory_bytes)
     claimed = store.claim(concrete_id, queued_meta(concrete, estimate))
     store.update_meta(request_id, status="done", stage="sampled", progress=1.0, follows=concrete_id)
     return concrete if claimed else None

@@ -99,8 +99,10 @@ def _analyze(args: argparse.Namespace, writes: bool) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     info, codec, loaded = _resolve_model(args)
     check_monte_carlo(create.method, info.d_model)
+    from backend.analysis_records import refuse_over_memory
     from backend.cost import cheaper_methods, estimate_cost
-    from backend.normalize import normalize
+    from backend.memory_estimate import estimate_peak
+    from backend.normalize import RequestError, normalize
     from backend.settings import get_settings
 
     settings = get_settings()
@@ -110,11 +112,16 @@ def _analyze(args: argparse.Namespace, writes: bool) -> int:
     # seconds on the device at hand: its float32 matmul rate at the model's width (measured once,
     # remembered), not a guess
     rate = matmul_rate(args.device, info.d_model)
-    cost = estimate_cost(info, job, flops_per_second=rate)
+    cost = estimate_cost(info, job, flops_per_second=rate, chunk_bytes=settings.engine_memory_bytes)
     print(
         f"estimated cost: {cost.flops / 1e12:.3g} TFLOP, {cost.directions} directions, ~{cost.seconds:.3g} s "
-        f"at {rate / 1e9:.0f} GFLOP/s on {args.device}{' (upper bound)' if cost.upper_bound else ''}"
+        f"at {rate / 1e9:.0f} GFLOP/s on {args.device}{' (upper bound)' if cost.upper_bound else ''}, "
+        f"{estimate_peak(info, job, settings.engine_memory_bytes).line()}"
     )
+    try:
+        refuse_over_memory(info, job, settings)
+    except RequestError as error:
+        raise UsageError(str(error)) from None
     if args.max_cost_tflop is not None and cost.flops > args.max_cost_tflop * 1e12:
         offers = ", ".join(cheaper_methods(info, job, args.max_cost_tflop * 1e12)) or "none"
         raise UsageError(

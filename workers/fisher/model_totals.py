@@ -144,7 +144,7 @@ class TotalsPass:
             grown = self.local.scratch = summary_scratch.take(need, sums.dtype, sums.device)
             with self.taken_lock:
                 if buffer is not None:  # outgrown: back to the pool now
-                    self.taken.remove(buffer)
+                    self.taken = [b for b in self.taken if b is not buffer]
                     summary_scratch.give(buffer)
                 self.taken.append(grown)
             buffer = grown

@@ -21,10 +21,9 @@ class ScratchPool:
         for the thread that will summarize the largest tensor)."""
         with self.lock:
             free = self.free.get((dtype, torch.device(device)), [])
-            fits = [b for b in free if b.numel() >= numel]
-            buffer = min(fits, key=lambda b: b.numel()) if fits else None
-            if buffer is not None:
-                free.remove(buffer)
+            fits = [i for i, b in enumerate(free) if b.numel() >= numel]
+            at = min(fits, key=lambda i: free[i].numel()) if fits else None
+            buffer = None if at is None else free.pop(at)
         return buffer if buffer is not None else torch.empty(numel, dtype=dtype, device=device)
 
     def give(self, buffer: torch.Tensor) -> None:

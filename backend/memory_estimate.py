@@ -1,0 +1,102 @@
+"""Peak memory of an analysis, before it runs (torch-free; docs/design.md §3b).
+
+Why: an analysis that does not fit is killed by the kernel part way through (a worker and its queue
+with it), after minutes of work. What it holds at its peak: the weights; the parameter-sized sums (a
+prefix's Fisher, and the Fisher under p when rho is asked; along a response, every sum over positions,
+whose squares are not low rank); the summary's workspace, a few arrays of the largest tensor (the
+embedding table) in the thread that summarizes it; a direction chunk (the engine's budget); the
+runtime; and what the allocator keeps beyond the arrays alive, fitted on `benchmarks/bench_scale.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+from backend.schemas import AnalysisJob
+
+VALUE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+# Python, torch, transformers and the tokenizer, loaded (SmolLM2-135M's run peaks at 0.9 GB in all)
+RUNTIME_BYTES = 700 << 20
+# what the malloc arenas keep beyond the arrays alive, per parameter: Qwen3-0.6B's first answer peaked at
+# 11.6 GB where the terms below add up to 8.7
+SLACK_BYTES_PER_PARAM = 5.0
+
+
+class MeasuredModel(Protocol):
+    n_params: int
+    d_model: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    weights: int
+    sums: int  # parameter-sized sums, in all
+    workspace: int  # the summary's arrays of the largest tensor, a direction chunk, the runtime, the slack
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.sums + self.workspace
+
+    def line(self) -> str:
+        return (
+            f"~{self.total / 1e9:.1f} GB at peak (weights {self.weights / 1e9:.1f}, "
+            f"sums {self.sums / 1e9:.1f}, workspace {self.workspace / 1e9:.1f})"
+        )
+
+
+def parameter_sized_sums(job: AnalysisJob) -> int:
+    """How many parameter-sized arrays the analysis holds at once (``workers.fisher.stats.MomentSums``)."""
+    on_policy = job.sampler.is_on_policy
+    fisher_p = job.rho and not on_policy
+    if len(job.continuation_ids) <= 1 and job.continuation_sample is None:
+        return 1 + fisher_p  # a prefix: the Fisher (and under p); first moments stay small
+    # along a response: the Fisher and the common component with its squares, the mean shift with its
+    # squares and kbar_mu's, the reward's two, the Fisher under p; and the position being added
+    arrays = 3 + (0 if on_policy else 3) + (2 if job.reward else 0) + fisher_p
+    return arrays + 1
+
+
+def summary_tables(job: AnalysisJob) -> int:
+    """First-moment tables the summary forms, one array each, beside its scratch array."""
+    return 1 + (not job.sampler.is_on_policy) + (2 if job.reward else 0)
+
+
+def estimate_peak(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> PeakMemory:
+    value = VALUE_BYTES.get(job.dtype, 4)
+    largest = model.vocab_size * model.d_model * value
+    workspace = (
+        (summary_tables(job) + 1) * largest
+        + chunk_bytes
+        + RUNTIME_BYTES
+        + int(SLACK_BYTES_PER_PARAM * model.n_params)
+    )
+    return PeakMemory(model.n_params * value, parameter_sized_sums(job) * model.n_params * value, workspace)
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of this machine (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def what_would_fit(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int, limit: int) -> list[str]:
+    """The changes to ``job`` that bring its peak within ``limit``, each on its own."""
+    variants = {
+        "without rho": job.model_copy(update={"rho": False}),
+        "the prefix alone (no response)": job.model_copy(
+            update={"continuation_ids": [], "continuation_sample": None}
+        ),
+        "in bfloat16 (`--dtype bfloat16`, or the model registered so)": job.model_copy(
+            update={"dtype": "bfloat16"}
+        ),
+    }
+    return [
+        change
+        for change, variant in variants.items()
+        if variant != job and estimate_peak(model, variant, chunk_bytes).total <= limit
+    ]

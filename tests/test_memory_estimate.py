@@ -1,0 +1,122 @@
+"""The peak memory an analysis is estimated at, and the refusal of one over the limit: the count of
+parameter-sized sums agrees with what the engine holds, the API answers 422 and the CLI exits 2, each
+naming what would fit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from backend import registry as catalog
+from backend.main import create_app
+from backend.memory_estimate import estimate_peak, parameter_sized_sums, what_would_fit
+from backend.schemas import AnalysisJob
+from backend.settings import Settings, get_settings
+from backend.vocabulary import Method, Sampler
+from tests.test_cli import assert_one_line_error, run_cli
+from tests.tiny_models import BUDGET, tiny_llama
+from workers.fisher.response import analyze_sequence
+
+OFF_POLICY = Sampler(temperature=0.7)
+SMOLLM2 = type("Info", (), {"n_params": 134_515_008, "d_model": 576, "vocab_size": 49152})()
+
+
+def _job(**fields) -> AnalysisJob:
+    return AnalysisJob(model="m", weights_digest="d", input_ids=[3, 5, 8, 3, 11], **fields)
+
+
+def test_a_prefix_holds_the_fisher_alone_and_rho_adds_the_fisher_under_p():
+    assert parameter_sized_sums(_job()) == 1
+    assert parameter_sized_sums(_job(sampler=OFF_POLICY)) == 1
+    assert parameter_sized_sums(_job(sampler=OFF_POLICY, rho=True)) == 2
+    # along a response every sum over positions is an array, and the position being added is one more
+    assert parameter_sized_sums(_job(continuation_ids=[4, 7])) == 4
+    assert parameter_sized_sums(_job(continuation_ids=[4, 7], sampler=OFF_POLICY, reward={"4": 1.0})) == 9
+
+
+@pytest.mark.parametrize(
+    ("fields", "positions"),
+    [({}, 1), ({"sampler": OFF_POLICY, "rho": True}, 1), ({"continuation_ids": [4, 7, 9]}, 3),
+     ({"continuation_ids": [4, 7], "sampler": OFF_POLICY, "reward": {"4": 1.0}}, 2)],
+)  # fmt: skip
+def test_the_sums_counted_are_those_the_engine_holds(fields, positions):
+    """The arrays of the engine's running sums (first moments in their small form are not arrays)."""
+    job = _job(**fields)
+    model = tiny_llama(tied=False, seed=2, vocab_size=41, dtype=torch.float32)
+    reward = torch.zeros(41, dtype=torch.float64)
+    for token, value in job.reward.items():
+        reward[int(token)] = value
+    sequence = analyze_sequence(
+        model,
+        torch.tensor(job.input_ids),
+        torch.tensor(job.continuation_ids, dtype=torch.long),
+        job.sampler,
+        Method(),
+        reward if job.reward else None,
+        memory_budget_bytes=BUDGET,
+        fisher_under_p=job.rho,
+    )
+    assert len(sequence.positions) == positions
+    sums = sequence.sums
+    size = sum(math.prod(shape) for shape in sums.shapes.values())
+    held = sum(
+        entry.numel()
+        for table in sums.sums.values()
+        for entry in table.entries.values()
+        if isinstance(entry, torch.Tensor)
+    )
+    # held once the last position is folded in: all but the position being added
+    expected = parameter_sized_sums(job) - (positions > 1)
+    assert held == expected * size
+
+
+def test_what_would_fit_names_the_changes_that_fit():
+    job = _job(continuation_ids=[4, 7], sampler=OFF_POLICY, rho=True)
+    peak = estimate_peak(SMOLLM2, job, 1 << 30)
+    prefix = estimate_peak(SMOLLM2, _job(sampler=OFF_POLICY, rho=True), 1 << 30)
+    assert prefix.total < peak.total and prefix.weights == peak.weights
+    fits = what_would_fit(SMOLLM2, job, 1 << 30, prefix.total)
+    assert fits == ["the prefix alone (no response)"]
+
+
+@pytest.fixture
+def small_server(tmp_path) -> TestClient:
+    if not catalog.is_available("tiny-random"):
+        from workers.models.fetch import fetch_model
+
+        fetch_model("tiny-random", progress=False)
+    settings = Settings(
+        redis_url=None,
+        results_dir=tmp_path / "results",
+        exports_dir=tmp_path / "exports",
+        allowed_models=["tiny-random"],
+        memory_limit_bytes=100 << 20,  # below the runtime: every analysis is over it
+    )
+    return TestClient(create_app(settings))
+
+
+def test_the_api_refuses_an_analysis_over_the_memory_limit(small_server):
+    body = {"model": "tiny-random", "prefix": "She drank a cup of", "continuation": " tea", "rho": True,
+            "sampler": {"kind": "model", "temperature": 0.7}}  # fmt: skip
+    response = small_server.post("/api/v1/analyses", json=body)
+    assert response.status_code == 422, response.text
+    message = response.json()["detail"]
+    assert (
+        "at peak" in message and "over the memory limit of 0.1 GB (FISHERSCOPE_MEMORY_LIMIT_BYTES)" in message
+    )
+
+
+def test_the_cli_refuses_an_analysis_over_the_memory_limit(capsys, tiny_random, monkeypatch):
+    monkeypatch.setenv("FISHERSCOPE_MEMORY_LIMIT_BYTES", str(100 << 20))
+    get_settings.cache_clear()
+    try:
+        code, out, err = run_cli(
+            capsys, "analyze", "--model", "tiny-random", "--prefix", "She drank a cup of"
+        )
+    finally:
+        get_settings.cache_clear()
+    assert_one_line_error(code, err, "memory limit of 0.1 GB", "at peak")
+    assert "GB at peak" in out
