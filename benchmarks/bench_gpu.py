@@ -11,7 +11,8 @@ Prints, and writes as JSON to ``--out``:
   Targets: 0.3 s and 1 s;
 - precision on that shape (5 tokens): every stat of float32 and of TF32 against float64, all on the GPU,
   as the largest relative L2 error over stats;
-- Qwen3-1.7B's shape exact on 5 tokens (target 2 s).
+- Qwen3-1.7B's shape on 5 tokens, exact on the policy (target 2 s) and the first answer at T 0.7, top-k
+  50 (C_mu's 49 directions, no rho), with their peak GPU memory.
 
 The models are built from transformers' own config classes with random weights (nothing is downloaded
 on the GPU machine, and SmolLM2's 538 MB of weights exceed what travels there): matrices drawn as the
@@ -89,6 +90,7 @@ QUICK = {
     "num_key_value_heads": 2,
     "head_dim": 16,
 }
+TOP_K_50 = {"temperature": 0.7, "top_k": 50}  # the dashboard's first example's sampler
 TARGETS_S = {("smollm2-135m", 5): 0.3, ("smollm2-135m", 32): 1.0, ("qwen3-1.7b", 5): 2.0}
 LARGE_BUDGET = 16 << 30  # bytes a direction chunk may use beside the worker's default (1 GiB)
 REPEATS = 3
@@ -206,7 +208,13 @@ def exactness() -> dict:
 
 
 def exact_runs(
-    loaded, tokens: int, device: str, budget: int, repeats: int = REPEATS, math_attention=False
+    loaded,
+    tokens: int,
+    device: str,
+    budget: int,
+    repeats: int = REPEATS,
+    math_attention=False,
+    sampler: dict | None = None,
 ) -> dict:
     """``repeats`` exact analyses (warm: one before), their floor, the first partial. ``math_attention``:
     attention through sdpa's math kernel, whose parts functorch batches (CUDA's fused attention
@@ -216,11 +224,13 @@ def exact_runs(
     if math_attention:
         with sdpa_kernel(SDPBackend.MATH):
             return {"attention": "math", **exact_runs(loaded, tokens, device, budget, repeats)}
+    from backend.vocabulary import Sampler
     from workers.engine import AnalysisRequest, run_analysis
 
     ids = _ids(loaded, tokens)
-    request = AnalysisRequest(input_ids=ids)
-    run_analysis(loaded, AnalysisRequest(input_ids=ids[:3]), budget)  # compiles, allocates
+    mu = Sampler(**(sampler or {}))  # the model's own distribution unless given
+    request = AnalysisRequest(input_ids=ids, sampler=mu)
+    run_analysis(loaded, AnalysisRequest(input_ids=ids[:3], sampler=mu), budget)  # compiles, allocates
     seconds, analysis = [], None
     _reset_peak(device)
     for _ in range(repeats):
@@ -385,6 +395,13 @@ def main(argv: list[str] | None = None) -> dict:
                         loaded, tokens, args.device, budget, repeats=repeats
                     ),
                 )
+        if name == "qwen3-1.7b":  # the first answer off the policy: C_mu's 49 directions, no rho
+            report.step(
+                f"{name}/top-k-50/5/{LARGE_BUDGET >> 30}GiB",
+                lambda loaded=loaded: exact_runs(
+                    loaded, 5, args.device, LARGE_BUDGET, repeats=2, sampler=TOP_K_50
+                ),
+            )
         if name == "smollm2-135m":
             report.step(
                 f"{name}/exact/5/{LARGE_BUDGET >> 30}GiB/math-attention",
@@ -411,7 +428,7 @@ def _summarize(report: dict) -> None:
         widths = ", ".join(f"{k} {v / 1e12:.2f}" for k, v in found.items() if k.startswith("width"))
         print(f"  at the models' widths (the cost estimate's rate): {widths or '-'} TFLOP/s")
     for key, value in report.items():
-        if "/exact/" not in key or "seconds" not in value:
+        if ("/exact/" not in key and "/top-k-50/" not in key) or "seconds" not in value:
             continue
         name, _, tokens, *how = key.split("/")
         best = min(value["seconds"])

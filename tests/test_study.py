@@ -207,6 +207,30 @@ def test_same_seed_same_responses_whatever_the_split(tmp_path):
     assert [r.continuation_ids for r in other.responses] != [r.continuation_ids for r in whole.responses[:2]]
 
 
+def test_running_sums_in_memory_mapped_files_equal_those_in_memory(tmp_path):
+    """A study's sums in files of a folder (the kernel may write them out under memory pressure) add up
+    to the same numbers, and leave nothing in the folder."""
+    model = tiny_model("llama", tied=True, dtype=torch.float32)
+    study_model = StudyModel(model, _decode, {EOS})
+    spec = StudySpec(
+        Sampler(temperature=0.7, top_k=3), samples=2, max_tokens=2, seed=5, compare_at=CompareAt.none
+    )
+    in_memory = run_study_part(study_model, spec, PROMPTS, memory_budget_bytes=BUDGET)
+    mapped = run_study_part(
+        study_model, spec, PROMPTS, memory_budget_bytes=BUDGET, sums_folder=tmp_path / "sums"
+    )
+    assert set(mapped.sums.sums) == set(in_memory.sums.sums) and len(mapped.sums.sums) >= 5
+    for stat in mapped.sums.sums:
+        for name in mapped.sums.names:
+            torch.testing.assert_close(mapped.sums.stat(stat, name), in_memory.sums.stat(stat, name))
+    assert not any((tmp_path / "sums").iterdir())  # unlinked once mapped
+    # a part written from mapped sums reads back the same
+    write_part(tmp_path / "part.safetensors", mapped)
+    again = read_part(tmp_path / "part.safetensors")
+    for name in mapped.sums.names:
+        torch.testing.assert_close(again.sums.stat("fisher", name), in_memory.sums.stat("fisher", name))
+
+
 def _hand_made_part(values: dict[str, torch.Tensor]) -> StudyPart:
     """A part whose F is ``values`` (for mask tests: no model needed)."""
     sums = StudySums(

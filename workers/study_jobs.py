@@ -85,6 +85,7 @@ def execute_study_part(
                         [encoded_prompt(job, index)],
                         memory_budget_bytes=settings.engine_memory_bytes,
                         progress=lambda stage, fraction: store.set_progress(record, stage, fraction),
+                        sums_folder=settings.study_dir(study_id),
                     )
                 target.parent.mkdir(parents=True, exist_ok=True)
                 partial = target.with_name(f".{target.name}.{os.getpid()}.part")

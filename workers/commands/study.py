@@ -195,7 +195,7 @@ def _study(args: argparse.Namespace, writes: bool) -> int:
         from workers.models.loading import load_model
 
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
-    part = _run_with_progress(loaded, spec, encoded)
+    part = _run_with_progress(loaded, spec, encoded, sums_folder=args.masks.parent)
     if not writes:
         return 0
     from workers.studies.files import atomic_outputs, write_arrays, write_masks, write_summary
@@ -294,8 +294,9 @@ def _checked_cost(args: argparse.Namespace, info, spec, encoded):
     return cost
 
 
-def _run_with_progress(loaded, spec, encoded):
-    """The study over every prompt, with a tqdm bar on stderr."""
+def _run_with_progress(loaded, spec, encoded, sums_folder: Path):
+    """The study over every prompt, with a tqdm bar on stderr; its running sums memory-mapped in
+    ``sums_folder`` (files unlinked as soon as they are mapped)."""
     from backend.settings import get_settings
     from workers.fisher.shards import split_directions
     from workers.studies.runner import run_study_part, study_model_of
@@ -308,4 +309,5 @@ def _run_with_progress(loaded, spec, encoded):
             encoded,
             memory_budget_bytes=get_settings().engine_memory_bytes,
             progress=progress,
+            sums_folder=sums_folder,
         )

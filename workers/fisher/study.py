@@ -19,10 +19,13 @@ Statistics (sums; divide by the number of responses for the averages of docs/des
 from __future__ import annotations
 
 import hashlib
+import math
+import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -93,9 +96,12 @@ class StudySums:
     directions: int = 0  # directions back-propagated by the exact pass
     direction_tokens: int = 0  # sum over computed contexts of directions x context length: the pass's
     # floor is 2 P direction_tokens flop (docs/design.md §3: about 2 r P T per context)
+    # a folder where each statistic's sums are a memory-mapped file (on the CPU): pages the kernel can
+    # write out and drop under memory pressure, where anonymous memory without swap cannot be
+    backing: Path | None = None
 
     @classmethod
-    def of(cls, model: nn.Module) -> StudySums:
+    def of(cls, model: nn.Module, backing: Path | None = None) -> StudySums:
         params = list(model.named_parameters())  # a tied weight is listed once
         first = params[0][1]
         # sums over thousands of positions need more than a half-precision mantissa
@@ -105,6 +111,7 @@ class StudySums:
             {name: tuple(p.shape) for name, p in params},
             dtype,
             first.device,
+            backing=backing,
         )
 
     @property
@@ -112,10 +119,31 @@ class StudySums:
         return sum(int(torch.Size(shape).numel()) for shape in self.shapes.values())
 
     def _slot(self, stat: str, name: str) -> torch.Tensor:
-        table = self.sums.setdefault(stat, {})
-        if name not in table:
+        if stat not in self.sums:
+            self.sums[stat] = self._zeros_table(stat)
+        table = self.sums[stat]
+        if name not in table:  # a table read from a part file may lack a tensor
             table[name] = torch.zeros(self.shapes[name], dtype=self.dtype, device=self.device)
         return table[name]
+
+    def _zeros_table(self, stat: str) -> Params:
+        """Zeros for every tensor, views of one array: in ``backing`` (a file of zeros, mapped) on the
+        CPU, else in memory."""
+        if self.backing is not None and self.device.type == "cpu":
+            self.backing.mkdir(parents=True, exist_ok=True)
+            # a name of this process's (the processes of a worker share the folder)
+            path = self.backing / f".{stat}.{os.getpid()}.sums"
+            path.unlink(missing_ok=True)  # from_file maps what is there: a new file is all zeros
+            flat = torch.from_file(str(path), shared=True, size=self.n_params, dtype=self.dtype)
+            path.unlink()  # the mapping keeps the file's pages; nothing is left behind if the process dies
+        else:
+            flat = torch.zeros(self.n_params, dtype=self.dtype, device=self.device)
+        table, start = {}, 0
+        for name in self.names:
+            size = math.prod(self.shapes[name])
+            table[name] = flat[start : start + size].view(self.shapes[name])
+            start += size
+        return table
 
     def add(self, stat: str, params: Params, weight: float = 1.0) -> None:
         """sums[stat] += weight * params (in place: no P-sized temporary)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -86,11 +87,13 @@ def run_study_part(
     *,
     memory_budget_bytes: int,
     progress: Progress | None = None,
+    sums_folder: Path | None = None,
 ) -> StudyPart:
-    """Sample, compute and sum the study over ``prompts`` (any subset of the study's prompts)."""
+    """Sample, compute and sum the study over ``prompts`` (any subset of the study's prompts).
+    ``sums_folder``: where its running sums are memory-mapped files (``StudySums.backing``)."""
     model = study_model.model
     layout = HeadLayout.of(model)
-    part = StudyPart(StudySums.of(model), layout.head_name, layout.embedding_name)
+    part = StudyPart(StudySums.of(model, backing=sums_folder), layout.head_name, layout.embedding_name)
     report = progress or (lambda stage, fraction: None)
     n = len(prompts)
     # Every prompt's exact pass first, then every prompt's scores: the estimators' three running sums
