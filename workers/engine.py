@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from backend.summary import AnalysisSummary
 from backend.vocabulary import STATS, EngineKind, Method, Sampler, SamplerKind
@@ -35,6 +34,7 @@ from workers.fisher.stats import each_tensor
 from workers.fisher.top_sets import levels_at
 from workers.models.loading import LoadedModel
 from workers.process_memory import retain_freed_memory
+from workers.streamed_safetensors import Planned, write_streamed
 
 ProgressCallback = Callable[[str, float], None]
 PartialCallback = Callable[[dict, float], None]  # (light summary, kept share of trace(C_mu))
@@ -124,24 +124,25 @@ class Analysis:
         return pooled_bytes(self.sequence.sums.shapes.values(), max_rows, max_cols, len(self.stats))
 
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
-        """safetensors: ``<stat>/<param name>`` for every stat and parameter, plus the token ids."""
-        tensors: dict[str, torch.Tensor] = {}
-        seen: set[int] = set()
-        for stat in self.stats:
-            for name, value in self.sequence.sums.iter_stat(stat):
-                value = value.float().contiguous().cpu()
-                if value.data_ptr() in seen:  # stats equal by construction share storage; files may not
-                    value = value.clone()
-                seen.add(value.data_ptr())
-                tensors[f"{stat}/{name}"] = value
-        tensors["input_ids"] = torch.tensor(self.request.input_ids, dtype=torch.int64)
-        if self.request.continuation_ids:
-            tensors["continuation_ids"] = torch.tensor(self.request.continuation_ids, dtype=torch.int64)
-        save_file(
-            tensors,
-            str(path),
-            metadata={"summary_totals": json.dumps(self.summary["totals"]), **(metadata or {})},
-        )
+        """safetensors: ``<stat>/<param name>`` for every stat and parameter, plus the token ids; written
+        tensor by tensor (``workers.streamed_safetensors``): never more than one stat of one tensor."""
+        sums = self.sequence.sums
+        ids = {"input_ids": self.request.input_ids, "continuation_ids": self.request.continuation_ids}
+        planned = [
+            Planned(f"{stat}/{name}", torch.float32, sums.shapes[name])
+            for stat in self.stats
+            for name in sums.names
+        ]
+        planned += [Planned(key, torch.int64, (len(values),)) for key, values in ids.items() if values]
+
+        def tensor_of(key: str) -> torch.Tensor:
+            if key in ids:
+                return torch.tensor(ids[key], dtype=torch.int64)
+            stat, _, name = key.partition("/")
+            return sums.stat(stat, name).float()
+
+        totals = {"summary_totals": json.dumps(self.summary["totals"])}
+        write_streamed(Path(path), planned, tensor_of, {**totals, **(metadata or {})})
 
 
 def _staged(progress: ProgressCallback | None) -> ProgressCallback:

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from backend.export_choice import FLOAT16_MAX, overflow_detail
 from backend.schemas import ExportChoice, ExportDtype
 from workers.fisher.stats import MomentSums
+from workers.streamed_safetensors import Planned, write_streamed
 
 FLOAT16_NOTE = (
     "float16 keeps 11 significant bits (relative rounding error at most 2^-11 = 4.9e-4 for magnitudes "
@@ -31,10 +31,14 @@ class Float16Overflow(ValueError):
     """A statistic whose magnitude exceeds float16's range: the file would hold inf."""
 
 
-def export_tensors(sums: MomentSums, choice: ExportChoice) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """``<stat>/<param>`` -> array in the chosen dtype, and per stat the nonzero values float16 made 0."""
-    dtype = torch.float16 if choice.dtype == ExportDtype.float16 else torch.float32
-    tensors: dict[str, torch.Tensor] = {}
+def _exported(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return value.detach().to(device="cpu", dtype=torch.float32).to(dtype)
+
+
+def float16_flushes(sums: MomentSums, choice: ExportChoice) -> dict[str, int]:
+    """Per stat, the nonzero values float16 makes 0; refused (``Float16Overflow``) where a value is
+    beyond float16's range. A pass of its own, before anything is written: the counts go in the file's
+    header, which comes first."""
     flushed: dict[str, int] = {}
     for stat in choice.stats:
         flushed[stat] = 0
@@ -42,15 +46,11 @@ def export_tensors(sums: MomentSums, choice: ExportChoice) -> tuple[dict[str, to
             if not choice.selects(name):
                 continue
             exact = value.detach().to(device="cpu", dtype=torch.float32)
-            if dtype == torch.float16:
-                peak = float(exact.abs().max()) if exact.numel() else 0.0
-                if peak > FLOAT16_MAX:
-                    raise Float16Overflow(overflow_detail(stat, peak))
-            written = exact.to(dtype, copy=True).contiguous()  # a copy: stats sharing storage stay apart
-            if dtype == torch.float16:
-                flushed[stat] += int(((written == 0) & (exact != 0)).sum())
-            tensors[f"{stat}/{name}"] = written
-    return tensors, flushed
+            peak = float(exact.abs().max()) if exact.numel() else 0.0
+            if peak > FLOAT16_MAX:
+                raise Float16Overflow(overflow_detail(stat, peak))
+            flushed[stat] += int(((exact.to(torch.float16) == 0) & (exact != 0)).sum())
+    return flushed
 
 
 def write_export(
@@ -61,11 +61,24 @@ def write_export(
     path: Path,
     job: str,
 ) -> None:
-    """Write the choice's file at ``path``; its metadata states the stats, dtype, selection and rounding."""
-    tensors, flushed = export_tensors(sums, choice)
-    tensors["input_ids"] = torch.tensor(input_ids, dtype=torch.int64)
-    if continuation_ids:
-        tensors["continuation_ids"] = torch.tensor(continuation_ids, dtype=torch.int64)
+    """Write the choice's file at ``path``, tensor by tensor (``workers.streamed_safetensors``); its
+    metadata states the stats, dtype, selection and rounding."""
+    dtype = torch.float16 if choice.dtype == ExportDtype.float16 else torch.float32
+    ids = {"input_ids": input_ids, "continuation_ids": continuation_ids}
+    planned = [
+        Planned(f"{stat}/{name}", dtype, sums.shapes[name])
+        for stat in choice.stats
+        for name in sums.names
+        if choice.selects(name)
+    ]
+    planned += [Planned(key, torch.int64, (len(values),)) for key, values in ids.items() if values]
+
+    def tensor_of(key: str) -> torch.Tensor:
+        if key in ids:
+            return torch.tensor(ids[key], dtype=torch.int64)
+        stat, _, name = key.partition("/")
+        return _exported(sums.stat(stat, name), dtype)
+
     metadata = {
         "job": job,
         "stats": ",".join(choice.stats),
@@ -75,5 +88,5 @@ def write_export(
         "keys": "<stat>/<parameter name>, plus input_ids and continuation_ids (int64)",
     }
     if choice.dtype == ExportDtype.float16:
-        metadata["flushed_to_zero"] = json.dumps(flushed)
-    save_file(tensors, str(path), metadata=metadata)
+        metadata["flushed_to_zero"] = json.dumps(float16_flushes(sums, choice))
+    write_streamed(path, planned, tensor_of, metadata)
