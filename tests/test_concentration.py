@@ -462,3 +462,14 @@ def test_block_sums_refuse_edges_that_miss_the_values():
         cpu_kernels.block_sums(terms, 4, [0, 2], [0, 4])  # 2 rows of 4: 8 of the 12 values
     with pytest.raises(ValueError, match="do not cover"):
         cpu_kernels.block_sums(terms, 4, [0, 3], [0, 3])
+
+
+def test_top_magnitudes_taken_in_parts_are_those_of_the_whole(monkeypatch):
+    from workers.fisher import top_sets
+
+    monkeypatch.setattr(top_sets, "MAGNITUDE_PART", 1000)  # several parts, the last one short
+    values = torch.randn(10_500, generator=torch.Generator().manual_seed(4))
+    found = top_sets.top_candidates("w", values, signed=True, k=64)
+    want = torch.topk(values.abs(), 64).indices.tolist()
+    assert [index for _, _, index, _ in found] == want
+    assert all(magnitude == abs(value) for magnitude, _, _, value in found)

@@ -44,18 +44,29 @@ def top_candidates(name: str, value: torch.Tensor, signed: bool, k: int = TOP_CO
     if not signed:
         top = torch.topk(flat, k)
         return [(v, name, int(i), v) for i, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
-    # the k largest magnitudes are among the k largest and the k smallest values: no |value| array (the
-    # embedding table's is 1.2 GB on Qwen3-1.7B)
-    index = torch.cat([torch.topk(flat, k).indices, torch.topk(flat, k, largest=False).indices])
+    index = _largest_magnitudes(flat, k)
     values = flat[index].tolist()
-    ranked = sorted(zip(index.tolist(), values, strict=True), key=lambda item: -abs(item[1]))
-    seen: set[int] = set()
-    found: list[Candidate] = []
-    for i, v in ranked:
-        if i not in seen and len(found) < k:
-            seen.add(i)
-            found.append((abs(v), name, int(i), v))
-    return found
+    return [(abs(v), name, int(i), v) for i, v in zip(index.tolist(), values, strict=True)]
+
+
+# values whose magnitudes are taken at a time: a tensor's whole |value| array was 1.2 GB of Qwen3-1.7B's
+# peak (its embedding table); one topk per part costs what one over the whole does (two topk passes,
+# largest and smallest, cost 1.7x one)
+MAGNITUDE_PART = 1 << 22
+
+
+def _largest_magnitudes(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest |values|, largest first: the best k of each part, then of those."""
+    if flat.numel() <= MAGNITUDE_PART:
+        return torch.topk(flat.abs(), k).indices
+    buffer = torch.empty(MAGNITUDE_PART, dtype=flat.dtype, device=flat.device)
+    picks = []
+    for start in range(0, flat.numel(), MAGNITUDE_PART):
+        part = flat[start : start + MAGNITUDE_PART]
+        magnitudes = torch.abs(part, out=buffer[: part.numel()])
+        picks.append(torch.topk(magnitudes, min(k, part.numel())).indices + start)
+    index = torch.cat(picks)
+    return index[torch.topk(flat[index].abs(), k).indices]
 
 
 def top_coordinates(
