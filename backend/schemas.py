@@ -19,7 +19,7 @@ from backend.vocabulary import METHOD_MAX_LENGTH, EngineKind, Method, Sampler, S
 
 # Bumped whenever the engine's numbers or the summary's shape (backend/summary.py) change, so old cache
 # entries (and certificates) stop matching.
-ENGINE_VERSION = "6"
+ENGINE_VERSION = "7"
 
 
 class JobStatus(StrEnum):
