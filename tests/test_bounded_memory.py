@@ -134,3 +134,24 @@ def test_a_second_position_sums_first_moments_as_arrays(model):
         torch.testing.assert_close(
             sums.sums["common"][name], 2 * moments[0].kbar_p[name], rtol=1e-5, atol=1e-7
         )
+
+
+def test_the_bound_sums_each_positions_own_fisher_when_the_first_has_none(model):
+    """A response whose first position's mu is one-hot (no Fisher, no bound) and whose later ones are not:
+    the bound is sum_t std_t sqrt(fisher_t), each read off its own position's Fisher, never off the
+    running sum that later positions add into."""
+    layout = HeadLayout.of(model)
+    inputs = _inputs(model, reward=True)
+    moments = [position_moments(model, inputs, Method(), memory_budget_bytes=BUDGET) for _ in range(3)]
+    first = moments[0]
+    first.fisher = {name: torch.zeros_like(value) for name, value in first.fisher.items()}
+    first.fisher_zero = True
+    expected = {
+        name: sum(m.reward_std * m.fisher[name].clamp_min(0).sqrt() for m in moments[1:])
+        for name in layout.names
+    }
+    sums = MomentSums(layout.names, layout.shapes)
+    for m in moments:
+        sums.add(m)
+    for name in layout.names:
+        torch.testing.assert_close(sums.stat("bound", name), expected[name])

@@ -288,6 +288,4 @@ class FirstMoment(Mapping[str, torch.Tensor]):
 
     def dense(self) -> Params:
         """Every tensor formed (parameter-sized in all): for sums over positions, which are dense."""
-        return {
-            name: self[name] if isinstance(e, torch.Tensor) else e.form() for name, e in self.entries.items()
-        }
+        return {name: e if isinstance(e, torch.Tensor) else e.form() for name, e in self.entries.items()}
