@@ -10,7 +10,7 @@ from collections.abc import Callable
 from backend import registry
 from backend.cost import cheaper_methods, estimate_cost
 from backend.fastjson import dumps, is_strict_json_object, loads
-from backend.memory_estimate import estimate_peak, machine_memory_bytes, what_would_fit
+from backend.memory_estimate import refuse_over_memory
 from backend.model_catalog import ModelCatalog
 from backend.normalize import RequestError, normalize
 from backend.queue import ANALYSIS_FUNCTION, JobQueue
@@ -164,25 +164,6 @@ class AnalysisRecords(ModelCatalog):
                 self._summaries.popitem(last=False)
         self._summaries.move_to_end(analysis_id)
         return analysis_id, self._summaries[analysis_id]
-
-
-def refuse_over_memory(info: registry.ModelInfo, job: AnalysisJob, settings: Settings) -> None:
-    """422 for an analysis whose estimated peak is above the memory limit, naming what would fit."""
-    limit = settings.memory_limit_bytes or machine_memory_bytes()
-    peak = estimate_peak(info, job, settings.engine_memory_bytes)
-    if limit and peak.total > limit:
-        fits = what_would_fit(info, job, settings.engine_memory_bytes, limit)
-        raise RequestError(
-            f"this analysis needs {peak.line()}, over the memory limit of {limit / 1e9:.1f} GB "
-            f"(FISHERSCOPE_MEMORY_LIMIT_BYTES); "
-            + (
-                f"it would fit {' or '.join(fits)}"
-                if fits
-                else "nothing smaller of it fits: a smaller model does"
-            ),
-            status=422,
-            field="model",
-        )
 
 
 def queued_meta(job: AnalysisJob, estimate: CostEstimate | None) -> dict:

@@ -14,7 +14,9 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
+from backend.normalize import RequestError
 from backend.schemas import AnalysisJob
+from backend.settings import Settings
 
 VALUE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 # Python, torch, transformers and the tokenizer, loaded (SmolLM2-135M's run peaks at 0.9 GB in all)
@@ -98,3 +100,22 @@ def what_would_fit(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int, lim
         for change, variant in variants.items()
         if variant != job and estimate_peak(model, variant, chunk_bytes).total <= limit
     ]
+
+
+def refuse_over_memory(info: MeasuredModel, job: AnalysisJob, settings: Settings) -> None:
+    """422 for an analysis whose estimated peak is above the memory limit, naming what would fit."""
+    limit = settings.memory_limit_bytes or machine_memory_bytes()
+    peak = estimate_peak(info, job, settings.engine_memory_bytes)
+    if limit and peak.total > limit:
+        fits = what_would_fit(info, job, settings.engine_memory_bytes, limit)
+        raise RequestError(
+            f"this analysis needs {peak.line()}, over the memory limit of {limit / 1e9:.1f} GB "
+            f"(FISHERSCOPE_MEMORY_LIMIT_BYTES); "
+            + (
+                f"it would fit {' or '.join(fits)}"
+                if fits
+                else "nothing smaller of it fits: a smaller model does"
+            ),
+            status=422,
+            field="model",
+        )

@@ -99,9 +99,8 @@ def _analyze(args: argparse.Namespace, writes: bool) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     info, codec, loaded = _resolve_model(args)
     check_monte_carlo(create.method, info.d_model)
-    from backend.analysis_records import refuse_over_memory
     from backend.cost import cheaper_methods, estimate_cost
-    from backend.memory_estimate import estimate_peak
+    from backend.memory_estimate import estimate_peak, refuse_over_memory
     from backend.normalize import RequestError, normalize
     from backend.settings import get_settings
 
