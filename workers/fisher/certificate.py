@@ -25,6 +25,7 @@ from torch import nn
 
 from workers.fisher.capture import UnsupportedArchitecture, capture_forward
 from workers.fisher.directions import LinearGroup, SquareGroup, backprop_directions
+from workers.fisher.first_moments import Factored, FirstMoment
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.position import HeadLayout, HeadTerms, head_rows
 
@@ -210,17 +211,20 @@ class _Compared:
     largest difference and the largest expected value, for errors relative to the whole model's."""
 
     def __init__(self, head_only, engine_first, engine_square) -> None:
-        self.head_only: Mapping[str, torch.Tensor] = head_only
+        self.head_only: FirstMoment = head_only
         self.engine_first: Mapping[str, torch.Tensor] = engine_first
         self.engine_square: dict[str, torch.Tensor] = engine_square
         self.firsts: dict[str, tuple[float, float]] = {}  # name -> (max |difference|, max |expected|)
         self.squares: dict[str, tuple[float, float]] = {}
-        self.non_finite: dict[str, dict[str, str]] = {
-            label: {} for label in _CHECKED
-        }  # label -> name -> what
+        # what was checked -> the tensors of it that are not finite -> how many NaN and infinite values
+        self.non_finite: dict[str, dict[str, str]] = {label: {} for label in _CHECKED}
 
     def visit(self, name: str, plain: torch.Tensor) -> None:
-        want_square = (plain - self.head_only[name].to(plain.dtype)).square()
+        # the input side: autograd's less the head's closed form, which only the head's tensors have
+        head = self.head_only.entry(name)
+        closed_form = isinstance(head, Factored) and bool(head.terms)
+        input_side = plain - self.head_only[name].to(plain.dtype) if closed_form else plain
+        want_square = input_side.square()
         got_first, got_square = self.engine_first[name], self.engine_square.pop(name)
         for label, tensor in zip(_CHECKED, (plain, want_square, got_first, got_square), strict=True):
             if not bool(torch.isfinite(tensor).all()):
