@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from backend.vocabulary import Method
-from tests.tiny_models import BUDGET, tiny_llama
+from tests.tiny_models import BUDGET, tiny_llama, tiny_model
 from workers.fisher import first_moments
 from workers.fisher.first_moments import Factored
 from workers.fisher.model_summary import model_summary
@@ -155,3 +155,69 @@ def test_the_bound_sums_each_positions_own_fisher_when_the_first_has_none(model)
         sums.add(m)
     for name in layout.names:
         torch.testing.assert_close(sums.stat("bound", name), expected[name])
+
+
+def _close(found, expected, where: str = "summary") -> None:
+    """Equal summaries: floats within float64 summation order (pieces add their sums in another
+    order), everything else exactly."""
+    if isinstance(expected, dict):
+        assert found.keys() == expected.keys(), where
+        for key in expected:
+            _close(found[key], expected[key], f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert len(found) == len(expected), where
+        for k, (a, b) in enumerate(zip(found, expected, strict=True)):
+            _close(a, b, f"{where}[{k}]")
+    elif isinstance(expected, float):
+        assert math.isclose(found, expected, rel_tol=1e-12, abs_tol=1e-300), (where, found, expected)
+    else:
+        assert found == expected, where
+
+
+def _position_sums(model, positions: int) -> tuple[MomentSums, HeadLayout]:
+    layout = HeadLayout.of(model)
+    ids = torch.tensor([3, 5, 8, 3, 11])
+    logits = model(input_ids=ids[None]).logits[0, -1].detach().double()
+    p = torch.softmax(logits, -1)
+    mu = torch.softmax(logits / 0.7, -1)
+    rewards = torch.linspace(-1, 1, p.numel(), dtype=torch.float64)
+    inputs = PositionInputs(ids, p, mu, rewards, on_policy=False, fisher_under_p=True)
+    sums = MomentSums(layout.names, layout.shapes)
+    for _ in range(positions):
+        sums.add(position_moments(model, inputs, Method(), memory_budget_bytes=BUDGET))
+    return sums, layout
+
+
+@pytest.mark.parametrize(
+    ("family", "tied", "positions"),
+    [("llama", True, 1), ("gpt2", True, 1), ("qwen3_moe", False, 1), ("llama", True, 2)],
+)
+def test_a_summary_read_in_blocks_of_rows_is_the_whole_tensors_summary(family, tied, positions, monkeypatch):
+    """Large tensors are summarized a block of rows at a time (``MomentSums.in_pieces``): the tied
+    head's outer product and looked-up rows, a transposed use (GPT-2's Conv1D), routed experts' slices,
+    and arrays summed over positions, cut into blocks, give the summary of the whole tensors."""
+    model = tiny_model(family, tied=tied)
+    sums, layout = _position_sums(model, positions)
+    whole = model_summary(sums, layout.head_name, layout.embedding_name, CURVE_STATS)
+    monkeypatch.setattr(first_moments, "PIECE_VALUES", 40)  # every matrix in blocks of a few rows
+    pieces, of_tensor = sums.in_pieces()
+    assert len(pieces.names) > 3 * len(sums.names)
+    assert {piece.tensor for piece in of_tensor.values()} == set(sums.names)
+    in_blocks = model_summary(sums, layout.head_name, layout.embedding_name, CURVE_STATS)
+    _close(in_blocks, whole)
+    assert whole["overlap"] is not None and whole["top_coordinates"]["policy_grad"]
+
+
+def test_a_small_form_in_rows_is_those_rows_of_the_tensor(monkeypatch):
+    model = tiny_model("qwen3_moe", tied=False)
+    sums, _ = _position_sums(model, 1)
+    monkeypatch.setattr(first_moments, "PIECE_VALUES", 40)
+    pieces, of_tensor = sums.in_pieces()
+    for key in ("common", "mean_shift", "policy_grad", "bound"):
+        for name, piece in of_tensor.items():
+            if piece.rows is None:
+                continue
+            start, stop = piece.rows
+            torch.testing.assert_close(
+                pieces.sums[key][name], sums.sums[key][piece.tensor][start:stop], rtol=1e-12, atol=1e-15
+            )

@@ -29,6 +29,10 @@ Params = dict[str, torch.Tensor]
 # derives from them, in one thread, before it goes on to the next tensor, so a few tensors' worth is
 # the reuse there is (SmolLM2's first answer took as long as with every first moment held)
 FORMED_KEPT_BYTES = 256 << 20
+# values of a piece when a pass reads a large tensor in blocks of rows (``row_pieces``): the arrays a
+# pass forms are a piece's, not the tensor's (Qwen3-1.7B's embedding table is 1.2 GB per float32 array,
+# and a summary formed three of them at once); SmolLM2-135M's largest tensor (28M values) stays whole
+PIECE_VALUES = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,13 @@ class OuterRows:
         else:
             at.addmm_(left, right, alpha=self.scale)
 
+    def in_rows(self, start: int, stop: int) -> OuterRows | None:
+        if self.index is not None:  # a routed expert's slice: whole, or not in these rows at all
+            return replace(self, index=self.index - start) if start <= self.index < stop else None
+        if self.transposed:
+            return replace(self, feature=self.feature[:, start:stop])
+        return replace(self, delta=self.delta[:, start:stop])
+
 
 @dataclass(frozen=True)
 class TableRows:
@@ -69,6 +80,12 @@ class TableRows:
 
     def add_into(self, target: torch.Tensor, first: bool) -> None:
         target.index_add_(0, self.unique, self.rows.to(target.dtype), alpha=self.scale)
+
+    def in_rows(self, start: int, stop: int) -> TableRows | None:
+        inside = (self.unique >= start) & (self.unique < stop)
+        if not bool(inside.any()):
+            return None
+        return replace(self, unique=self.unique[inside] - start, rows=self.rows[inside])
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,9 @@ class HeadOuter:
         else:
             target.addr_(self.per_row, self.features, alpha=self.scale)
 
+    def in_rows(self, start: int, stop: int) -> HeadOuter:
+        return replace(self, per_row=self.per_row[start:stop])
+
 
 @dataclass(frozen=True)
 class Whole:
@@ -110,6 +130,9 @@ class Whole:
             torch.mul(self.value, self.scale, out=target)
         else:
             target.add_(self.value, alpha=self.scale)
+
+    def in_rows(self, start: int, stop: int) -> Whole:
+        return replace(self, value=self.value[start:stop])
 
 
 @dataclass(frozen=True)
@@ -127,6 +150,9 @@ class Root:
             torch.clamp_min(self.value, 0, out=target).sqrt_().mul_(self.scale)
         else:
             target.add_(self.value.clamp_min(0).sqrt(), alpha=self.scale)
+
+    def in_rows(self, start: int, stop: int) -> Root:
+        return replace(self, value=self.value[start:stop])
 
 
 Term = OuterRows | TableRows | HeadOuter | Whole | Root
@@ -154,6 +180,13 @@ class Factored:
         for term in self.terms:
             term.add_into(target, first=False)
 
+    def in_rows(self, start: int, stop: int) -> Factored:
+        """Rows ``start:stop`` of the tensor (along its first dimension), still in the small form."""
+        terms = (term.in_rows(start, stop) for term in self.terms)
+        return replace(
+            self, shape=(stop - start, *self.shape[1:]), terms=tuple(t for t in terms if t is not None)
+        )
+
     def form(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The tensor, in ``out`` (shaped like it) or a fresh array: the first term that covers it writes
         it, zeros only where none does."""
@@ -167,6 +200,35 @@ class Factored:
             if term is not covering:
                 term.add_into(target, first=False)
         return target
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A block of a parameter tensor's rows read as a tensor of its own (``row_pieces``), or all of it."""
+
+    tensor: str
+    rows: tuple[int, int] | None = None  # start, stop along the first dimension; None: the whole tensor
+    offset: int = 0  # the flat index of its first value in the tensor
+
+
+def row_pieces(name: str, shape: tuple[int, ...], most: int | None = None) -> dict[str, Piece]:
+    """A tensor of more than ``most`` values (``PIECE_VALUES``) as blocks of whole rows of at most ``most``
+    values (at least one row each), named ``name[start:stop]``; any other as itself, whole."""
+    most = PIECE_VALUES if most is None else most
+    if math.prod(shape) <= most or len(shape) < 2:
+        return {name: Piece(name)}
+    row = math.prod(shape[1:])
+    step = max(1, most // row)
+    bounds = [(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
+    return {f"{name}[{start}:{stop}]": Piece(name, (start, stop), start * row) for start, stop in bounds}
+
+
+def in_piece(entry: Factored | torch.Tensor, piece: Piece) -> Factored | torch.Tensor:
+    """A tensor's entry (an array or its small form) restricted to one of its pieces."""
+    if piece.rows is None:
+        return entry
+    start, stop = piece.rows
+    return entry[start:stop] if isinstance(entry, torch.Tensor) else entry.in_rows(start, stop)
 
 
 class FormedCache:

@@ -1,11 +1,12 @@
 """What the dashboard reads of the whole model: totals per tensor, layer and kind, concentration
 curves, top coordinates and the top-q overlap of Fisher and policy gradient.
 
-Two passes over the tensors: pass 1 (``model_totals``) takes totals, histograms (``concentration``)
-and the top candidates of stats without a curve; pass 2 (``model_boundary``) keeps only the values in
-the boundary bins, for the exact named shares per tensor (Fisher) and over the model, and the top
-coordinates of the curve stats. A light summary (a partial result's) takes the totals only: the same
-sums, so a partial's totals are the final ones'.
+Two passes over the tensors (a large one in blocks of rows, ``MomentSums.in_pieces``): pass 1
+(``model_totals``) takes totals, histograms (``concentration``) and the top candidates of stats
+without a curve; pass 2 (``model_boundary``) keeps only the values in the boundary bins, for the exact
+named shares per tensor (Fisher) and over the model, and the top coordinates of the curve stats. A
+light summary (a partial result's) takes the totals only: the same sums, so a partial's totals are the
+final ones'.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def model_summary(
 
 
 def _summarize(work: TotalsPass, sums: MomentSums, curve_stats: tuple[str, ...], light: bool) -> dict:
-    for name, first in zip(sums.names, work.each_tensor(work.first, sums.names), strict=True):
+    pieces = list(work.pieces)
+    for name, first in zip(pieces, work.each_tensor(work.first, pieces), strict=True):
         work.record_first(name, first)
     if light:
         return {**work.groups(), "concentration": None, "top_coordinates": None, "overlap": None}
@@ -65,7 +67,7 @@ def _summarize(work: TotalsPass, sums: MomentSums, curve_stats: tuple[str, ...],
         **work.groups(),
         "concentration": concentration,
         "top_coordinates": top_coordinates(sums, work.candidates),
-        "overlap": overlap(sums, fisher_levels_at(sums, named["fisher"]))
+        "overlap": overlap(work.sums, fisher_levels_at(work.sums, named["fisher"]))  # piece by piece
         if sums.has_reward and "fisher" in named
         else None,
     }

@@ -1,6 +1,9 @@
 """The first pass of ``model_summary``: each tensor's totals, the histograms of the curve stats and the
 top candidates of the stats without a curve; the totals summed per layer, kind and model.
 
+A large tensor is read as blocks of its rows (``MomentSums.in_pieces``), each a tensor of its own to
+the passes; what they find is recorded per tensor.
+
 On the CPU the totals (the Fisher, the uncentered and raw Fisher, a sum of squares, rho) come from one
 pass over a tensor's stored arrays and its histograms from another, each reading the arrays once for
 every stat that is a sum of them; a stat that has to be formed is formed once per pass, into a scratch
@@ -26,6 +29,7 @@ from workers.fisher.concentration import (
     histograms_in_one_pass,
     totals_in_one_pass,
 )
+from workers.fisher.first_moments import Piece
 from workers.fisher.grouping import layer_of, module_kind
 from workers.fisher.scratch_pool import summary_scratch
 from workers.fisher.stats import MomentSums, each_tensor, square_total
@@ -64,6 +68,13 @@ class _Joint:
 _Result = TypeVar("_Result")
 
 
+def in_tensor(candidates: list[Candidate], piece: Piece) -> list[Candidate]:
+    """A piece's candidates, indexed in its tensor."""
+    return [
+        (magnitude, piece.tensor, index + piece.offset, value) for magnitude, _, index, value in candidates
+    ]
+
+
 @dataclass
 class _Group:
     """Totals of a set of tensors (a layer, a kind, the model); rho is carried as a size-weighted sum."""
@@ -98,7 +109,11 @@ def _distinct_stats(sums: MomentSums, stats: tuple[str, ...]) -> list[str]:
 
 
 class TotalsPass:
-    """The first pass of ``model_summary``, and the state its second pass (``BoundaryPass``) reads."""
+    """The first pass of ``model_summary``, and the state its second pass (``BoundaryPass``) reads.
+
+    ``sums`` is read piece by piece (``sums.in_pieces``): its histograms and boundary choices are the
+    pieces', its totals, tensor entries and candidates the tensors'.
+    """
 
     def __init__(
         self,
@@ -108,7 +123,10 @@ class TotalsPass:
         curve_stats: tuple[str, ...],
         light: bool = False,
     ):
+        self.tensor_shapes = sums.shapes
+        sums, self.pieces = sums.in_pieces()
         self.sums = sums
+        self.piece_totals: dict[str, _Group] = {}  # a tensor read in pieces: its totals so far
         self.head_name, self.embedding_name = head_name, embedding_name
         # the curve stats' totals are the float64 sums of the values they bin, light or not (a partial's
         # totals are the final ones'); only a full summary bins them, for curves and a second pass
@@ -241,27 +259,33 @@ class TotalsPass:
         )
 
     def record_first(self, name: str, first: _First) -> None:
-        """Keep one tensor's first-pass results (tensors in order: sums are summed in that order)."""
-        sums = self.sums
+        """Keep one piece's first-pass results (pieces in order: sums are summed in that order)."""
+        piece = self.pieces[name]
         for stat, hist in first.hists.items():
             self.hists[stat][name] = hist
         for stat, found in first.candidates.items():
-            self.candidates[stat].extend(found)
-        numel = math.prod(sums.shapes[name])
-        kind = module_kind(name, self.head_name, self.embedding_name)
-        layer = layer_of(name, self.embedding_name)
-        shape = list(sums.shapes[name])
-        self.tensors.append(
-            {
-                "name": name,
-                "layer": layer,
-                "kind": kind,
-                "shape": shape,
-                "numel": numel,
-                "totals": first.totals,
-                "concentration": None,  # the Fisher's named shares in it: a full summary's second pass
-            }
-        )
+            self.candidates[stat].extend(in_tensor(found, piece))
+        numel = math.prod(self.sums.shapes[name])
+        tensor = piece.tensor
+        kind = module_kind(tensor, self.head_name, self.embedding_name)
+        layer = layer_of(tensor, self.embedding_name)
+        if piece.rows is not None:  # the tensor's totals: its pieces' so far
+            so_far = self.piece_totals.setdefault(tensor, _Group())
+            so_far.add(first.totals, numel)
+        if piece.offset == 0:
+            self.tensors.append(
+                {
+                    "name": tensor,
+                    "layer": layer,
+                    "kind": kind,
+                    "shape": list(self.tensor_shapes[tensor]),
+                    "numel": math.prod(self.tensor_shapes[tensor]),
+                    "totals": first.totals,
+                    "concentration": None,  # the Fisher's named shares in it: a full summary's second pass
+                }
+            )
+        if piece.rows is not None:
+            self.tensors[-1]["totals"] = so_far.finished()
         for group in (
             self.layers.setdefault(layer, _Group()),
             self.kinds.setdefault(kind, _Group()),

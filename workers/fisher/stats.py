@@ -20,7 +20,15 @@ import torch
 
 from backend.vocabulary import RHO_NOT_ASKED, STATS
 from workers.fisher import cpu_kernels
-from workers.fisher.first_moments import Factored, FirstMoment, FormedCache, Root
+from workers.fisher.first_moments import (
+    Factored,
+    FirstMoment,
+    FormedCache,
+    Piece,
+    Root,
+    in_piece,
+    row_pieces,
+)
 from workers.fisher.position import PositionMoments
 from workers.fisher.terms import StatTerms
 
@@ -44,7 +52,11 @@ def square_total(values: Sequence[torch.Tensor]) -> float:
 def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
     """``square_total`` of a mapping's tensors, read one at a time (a ``FirstMoment`` forms each as it
     is read: all of them at once would be parameter-sized)."""
-    entries = tensors.entries if isinstance(tensors, FirstMoment) else dict(tensors)
+    whole = tensors.entries if isinstance(tensors, FirstMoment) else dict(tensors)
+    pieces = {key: p for name, e in whole.items() for key, p in row_pieces(name, tuple(e.shape)).items()}
+    entries = {
+        key: in_piece(whole[piece.tensor], piece) for key, piece in pieces.items()
+    }  # a large table's rows
     cache = FormedCache(0)
     moment = FirstMoment(entries, cache, "square")  # each thread forms into one buffer of its own
     names = list(moment)
@@ -275,6 +287,31 @@ class MomentSums:
 
     def _zeros(self, name: str) -> torch.Tensor:
         return torch.zeros(self.shapes[name], dtype=self.dtype, device=self.device)
+
+    def in_pieces(self, most: int | None = None) -> tuple[MomentSums, dict[str, Piece]]:
+        """These sums with each tensor of more than ``most`` values (``PIECE_VALUES``) read as blocks of
+        its rows (``row_pieces``): a pass over them forms a block's arrays at a time, never a large
+        tensor's. Each piece's name, and the tensor it is a piece of."""
+        pieces = {
+            key: p for name in self.names for key, p in row_pieces(name, self.shapes[name], most).items()
+        }
+        if all(piece.rows is None for piece in pieces.values()):
+            return self, pieces
+        shapes = {}
+        for key, piece in pieces.items():
+            shape = self.shapes[piece.tensor]
+            shapes[key] = shape if piece.rows is None else (piece.rows[1] - piece.rows[0], *shape[1:])
+        tables = {
+            table_key: FirstMoment(
+                {
+                    key: in_piece(table.entries[piece.tensor], piece)
+                    for key, piece in pieces.items()
+                    if piece.tensor in table.entries
+                }
+            )
+            for table_key, table in self.sums.items()
+        }
+        return MomentSums(list(pieces), shapes, tables, self.positions, self.dtype, self.device), pieces
 
     def one_tensor_at_a_time(self) -> contextlib.AbstractContextManager[None]:
         """A block that reads one tensor's stats and keeps only numbers of them: its first moments are
