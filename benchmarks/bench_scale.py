@@ -7,7 +7,8 @@ directions the summary counts, and the floor 2 r P T at the float32 matmul rate 
 the model's width before its cases (the CLI's remembered rate may come from a busier moment). Cases:
 the 5-token prefix "She drank a cup of" at T 0.7, top-k 50 (the first answer: no rho), the same with
 `--rho`, and on the policy. Each shape's runs share a cache folder of their own
-(``FISHERSCOPE_CACHE``): the first case pays the model's certificate, the others read it.
+(``FISHERSCOPE_CACHE``): the model's certificate (once per load) is measured on its own first, by
+`fisherscope models add` (as the id ``bench``), and every case analyzes that id.
 
 Usage: .venv/bin/python benchmarks/bench_scale.py [--shapes qwen3-0.6b,qwen3-1.7b] [--cases ...]
     [--memory-limit-gb G]
@@ -64,10 +65,33 @@ def build(shape: str, folder: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run_case(folder: Path, flags: list[str], out: Path, rate: float, cache: Path, limit: int | None) -> dict:
+def run_certificate(folder: Path, cache: Path) -> dict:
+    """`fisherscope models add` of the folder: its certificate's peak RSS (GB) and wall seconds."""
+    command = [
+        "/usr/bin/time",
+        "-v",
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "models",
+        "add",
+        "bench",
+        str(folder),
+    ]
+    started = time.perf_counter()
+    environment = {**os.environ, "FISHERSCOPE_CACHE": str(cache)}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.startswith("fisherscope")]
+        return {"error": said[-1] if said else f"exit status {done.returncode}"}
+    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+    return {"peak_gb": peak_kb / 1e6, "wall": time.perf_counter() - started}
+
+
+def run_case(model: str, flags: list[str], out: Path, rate: float, cache: Path, limit: int | None) -> dict:
     """One CLI run: peak RSS (GB), wall seconds, directions per position, the floor at ``rate``."""
     command = [
-        "/usr/bin/time", "-v", sys.executable, "-m", "workers.cli", "analyze", "--model", str(folder),
+        "/usr/bin/time", "-v", sys.executable, "-m", "workers.cli", "analyze", "--model", model,
         "--prefix", PREFIX, "--summary", str(out), *flags,
     ]  # fmt: skip
     started = time.perf_counter()
@@ -108,9 +132,18 @@ def main() -> None:
             width = SHAPES[shape]["hidden_size"]
             rate = measure_width("cpu", width, seconds=3.0)
             print(f"  float32 rate at width {width}: {rate / 1e9:.0f} GFLOP/s")
+            summary, cache = Path(scratch) / "summary.json", Path(scratch) / "cache"
+            certified = run_certificate(folder, cache)
+            if "error" in certified:
+                print(f"  {'certificate':<22} failed: {certified['error']}")
+                continue
+            over = certified["peak_gb"] * 1e9 / (4 * n_params)
+            print(
+                f"  {'certificate':<22} peak {certified['peak_gb']:5.1f} GB ({over:.1f}x the float32 "
+                f"weights), wall {certified['wall']:6.1f} s (once per load)"
+            )
             for case in args.cases.split(","):
-                summary, cache = Path(scratch) / "summary.json", Path(scratch) / "cache"
-                found = run_case(folder, CASES[case], summary, rate, cache, limit)
+                found = run_case("bench", CASES[case], summary, rate, cache, limit)
                 if "error" in found:
                     print(f"  {case:<22} refused or failed: {found['error']}")
                     continue

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_leaves
 from backend.vocabulary import Method
 from tests.tiny_models import BUDGET, tiny_llama, tiny_model
 from workers.fisher import first_moments
+from workers.fisher.certificate import certify
 from workers.fisher.first_moments import Factored
 from workers.fisher.model_summary import model_summary
 from workers.fisher.position import HeadLayout, PositionInputs, position_moments
@@ -221,3 +222,28 @@ def test_a_small_form_in_rows_is_those_rows_of_the_tensor(monkeypatch):
             torch.testing.assert_close(
                 pieces.sums[key][name], sums.sums[key][piece.tensor][start:stop], rtol=1e-12, atol=1e-15
             )
+
+
+@pytest.mark.parametrize(("family", "tied"), [("llama", True), ("qwen3_moe", False)])
+def test_the_certificate_compares_large_tensors_in_blocks_of_rows(family, tied, monkeypatch):
+    """The certificate forms a large tensor's sides a block of rows at a time: it passes the same, at
+    the same rounding level, on a tied head (outer product and looked-up rows) and routed experts."""
+    model = tiny_model(family, tied=tied)
+    whole = certify(model, BUDGET)
+    monkeypatch.setattr(first_moments, "PIECE_VALUES", 40)
+    in_blocks = certify(model, BUDGET)
+    assert whole.passed and in_blocks.passed
+    assert in_blocks.first_moment_error < 1e-12 and in_blocks.square_error < 1e-12
+    assert in_blocks.worst_parameter in dict(model.named_parameters())
+
+
+def test_non_finite_counts_add_up_over_blocks_of_rows(monkeypatch):
+    def reason() -> str:
+        model = tiny_model("llama", dtype=torch.float32)
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight.mul_(1e37)  # logits survive the final norm
+        return certify(model, BUDGET).reason
+
+    whole = reason()
+    monkeypatch.setattr(first_moments, "PIECE_VALUES", 40)
+    assert reason() == whole and "are not finite" in whole and " of " in whole

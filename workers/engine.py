@@ -33,7 +33,7 @@ from workers.fisher.shards import current_shard, gathered
 from workers.fisher.stats import each_tensor
 from workers.fisher.top_sets import levels_at
 from workers.models.loading import LoadedModel
-from workers.process_memory import retain_freed_memory
+from workers.process_memory import retain_freed_memory, returning_freed_memory
 from workers.streamed_safetensors import Planned, write_streamed
 
 ProgressCallback = Callable[[str, float], None]
@@ -290,7 +290,10 @@ def build_summary(
     info = loaded.info
     sampler = request.sampler
     method = request.method
-    whole = model_summary(sequence.sums, layout.head_name, layout.embedding_name, CURVE_STATS, light=light)
+    with returning_freed_memory():
+        whole = model_summary(
+            sequence.sums, layout.head_name, layout.embedding_name, CURVE_STATS, light=light
+        )
     positions = [position_summary(r, i, decode, reward) for i, r in enumerate(sequence.positions)]
     first = sequence.positions[0]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -25,7 +25,7 @@ from torch import nn
 
 from workers.fisher.capture import UnsupportedArchitecture, capture_forward
 from workers.fisher.directions import LinearGroup, SquareGroup, backprop_directions
-from workers.fisher.first_moments import Factored, FirstMoment
+from workers.fisher.first_moments import Factored, FirstMoment, in_piece, row_pieces
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.position import HeadLayout, HeadTerms, head_rows
 
@@ -83,6 +83,17 @@ def _difference_and_scale(got: torch.Tensor, want: torch.Tensor) -> tuple[float,
         difference = max(difference, float((got[part].double() - want[part].double()).abs().max()))
         scale = max(scale, float(want[part].abs().max()))
     return difference, scale
+
+
+def _larger(before: tuple[float, float] | None, now: tuple[float, float]) -> tuple[float, float]:
+    """Two blocks' (max |difference|, max |expected|) as one, NaN kept."""
+    if before is None:
+        return now
+    return _largest([before[0], now[0]]), _largest([before[1], now[1]])
+
+
+def _formed(entry: Factored | torch.Tensor) -> torch.Tensor:
+    return entry.form() if isinstance(entry, Factored) else entry
 
 
 def _relative_errors(found: dict[str, tuple[float, float]], dtype: torch.dtype) -> dict[str, float]:
@@ -207,31 +218,59 @@ _CHECKED = (
 class _Compared:
     """The engine's first moments and squares against autograd's, tensor by tensor as autograd's
     gradient of each arrives: neither side is ever held whole but the engine's squares (the one
-    parameter-sized sum), and each tensor's pair is let go once compared. What is kept per tensor: the
-    largest difference and the largest expected value, for errors relative to the whole model's."""
+    parameter-sized sum), and each tensor's pair is let go once compared; a large tensor (the embedding
+    table) is compared a block of rows at a time, so that what is formed of it is a block's. What is
+    kept per tensor: the largest difference and the largest expected value, for errors relative to the
+    whole model's."""
 
-    def __init__(self, head_only, engine_first, engine_square) -> None:
-        self.head_only: FirstMoment = head_only
-        self.engine_first: Mapping[str, torch.Tensor] = engine_first
+    def __init__(self, head_only: FirstMoment, engine_first: FirstMoment, engine_square) -> None:
+        self.head_only = head_only
+        self.engine_first = engine_first
         self.engine_square: dict[str, torch.Tensor] = engine_square
         self.firsts: dict[str, tuple[float, float]] = {}  # name -> (max |difference|, max |expected|)
         self.squares: dict[str, tuple[float, float]] = {}
         # what was checked -> the tensors of it that are not finite -> how many NaN and infinite values
-        self.non_finite: dict[str, dict[str, str]] = {label: {} for label in _CHECKED}
+        self.non_finite: dict[str, dict[str, tuple[int, int]]] = {label: {} for label in _CHECKED}
+        self.numel: dict[str, int] = {}
 
     def visit(self, name: str, plain: torch.Tensor) -> None:
+        got_square = self.engine_square.pop(name)
+        head, first = self.head_only.entry(name), self.engine_first.entry(name)
+        self.numel[name] = plain.numel()
+        for piece in row_pieces(name, tuple(plain.shape)).values():
+            self._visit(
+                name,
+                in_piece(plain, piece),
+                in_piece(head, piece),
+                in_piece(first, piece),
+                in_piece(got_square, piece),
+            )
+
+    def _visit(
+        self,
+        name: str,
+        plain: torch.Tensor,
+        head: Factored | torch.Tensor,
+        first: Factored | torch.Tensor,
+        got_square: torch.Tensor,
+    ) -> None:
         # the input side: autograd's less the head's closed form, which only the head's tensors have
-        head = self.head_only.entry(name)
         closed_form = isinstance(head, Factored) and bool(head.terms)
-        input_side = plain - self.head_only[name].to(plain.dtype) if closed_form else plain
+        input_side = plain - _formed(head).to(plain.dtype) if closed_form else plain
         want_square = input_side.square()
-        got_first, got_square = self.engine_first[name], self.engine_square.pop(name)
+        got_first = _formed(first)
         for label, tensor in zip(_CHECKED, (plain, want_square, got_first, got_square), strict=True):
             if not bool(torch.isfinite(tensor).all()):
-                self.non_finite[label][name] = _non_finite_summary(tensor)
+                nan, inf = self.non_finite[label].get(name, (0, 0))
+                self.non_finite[label][name] = (
+                    nan + int(torch.isnan(tensor).sum()),
+                    inf + int(torch.isinf(tensor).sum()),
+                )
         if plain.numel():
-            self.firsts[name] = _difference_and_scale(got_first, plain)
-            self.squares[name] = _difference_and_scale(got_square, want_square)
+            self.firsts[name] = _larger(self.firsts.get(name), _difference_and_scale(got_first, plain))
+            self.squares[name] = _larger(
+                self.squares.get(name), _difference_and_scale(got_square, want_square)
+            )
 
     def judge(self, names: list[str], dtype: torch.dtype, certificate: Certificate) -> None:
         """The certificate's verdict: the first non-finite tensor (by what was checked, then the model's
@@ -240,7 +279,8 @@ class _Compared:
             failing = self.non_finite[label]
             if failing:
                 name = next(n for n in names if n in failing)
-                _fail_at(certificate, name, f"{label} of {name} are not finite ({failing[name]})")
+                words = _non_finite_words(*failing[name], self.numel[name])
+                _fail_at(certificate, name, f"{label} of {name} are not finite ({words})")
                 return
         firsts = _relative_errors(self.firsts, dtype)
         squares = _relative_errors(self.squares, dtype)
@@ -280,10 +320,12 @@ def _relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def _non_finite_summary(tensor: torch.Tensor) -> str:
     """How many NaN and infinite entries a tensor holds, in words."""
-    nan = int(torch.isnan(tensor).sum())
-    inf = int(torch.isinf(tensor).sum())
+    return _non_finite_words(int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum()), tensor.numel())
+
+
+def _non_finite_words(nan: int, inf: int, numel: int) -> str:
     parts = [f"{nan} NaN"] * bool(nan) + [f"{inf} infinite"] * bool(inf)
-    return f"{' and '.join(parts)} of {tensor.numel()} values"
+    return f"{' and '.join(parts)} of {numel} values"
 
 
 def _fail_at(certificate: Certificate, name: str, what: str) -> None:

@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import overload
 
 import torch
 
@@ -223,6 +224,12 @@ def row_pieces(name: str, shape: tuple[int, ...], most: int | None = None) -> di
     return {f"{name}[{start}:{stop}]": Piece(name, (start, stop), start * row) for start, stop in bounds}
 
 
+@overload
+def in_piece(entry: torch.Tensor, piece: Piece) -> torch.Tensor: ...
+@overload
+def in_piece(entry: Factored, piece: Piece) -> Factored: ...
+@overload
+def in_piece(entry: Factored | torch.Tensor, piece: Piece) -> Factored | torch.Tensor: ...
 def in_piece(entry: Factored | torch.Tensor, piece: Piece) -> Factored | torch.Tensor:
     """A tensor's entry (an array or its small form) restricted to one of its pieces."""
     if piece.rows is None:

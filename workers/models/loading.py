@@ -43,6 +43,7 @@ from backend.settings import get_settings
 from workers.fisher.certificate import Certificate, certify
 from workers.models.folder import sha256_digest, weight_files
 from workers.models.integrity import config_refusal, loading_refusal
+from workers.process_memory import returning_freed_memory
 
 TF32_TOLERANCE = 1e-2  # TF32 keeps 10 mantissa bits: ~1e-3 relative per product
 
@@ -167,7 +168,8 @@ def ensure_certificate(loaded: LoadedModel) -> Certificate:
         certificate = Certificate.from_dict(stored)
     else:
         tolerance = TF32_TOLERANCE if dtype.endswith("+tf32") else None
-        certificate = certify(loaded.model, get_settings().engine_memory_bytes, tolerance=tolerance)
+        with returning_freed_memory():  # a backward whose gradients are let go one by one, once per load
+            certificate = certify(loaded.model, get_settings().engine_memory_bytes, tolerance=tolerance)
     if stored is None:
         write_certificate(loaded.info.digest, dtype, certificate.to_dict())
     if not certificate.passed:
