@@ -3,9 +3,11 @@
 Why: an analysis that does not fit is killed by the kernel part way through (a worker and its queue
 with it), after minutes of work. What it holds at its peak: the weights; the parameter-sized sums (a
 prefix's Fisher, and the Fisher under p when rho is asked; along a response, every sum over positions,
-whose squares are not low rank); the summary's workspace, a few arrays of the largest tensor (the
-embedding table) in the thread that summarizes it; a direction chunk (the engine's budget); the
-runtime; and what the allocator keeps beyond the arrays alive, fitted on `benchmarks/bench_scale.py`.
+whose squares are not low rank); the summary's workspace, a few arrays of a block of rows
+(``PIECE_VALUES``) in each thread; a direction chunk (the engine's budget); one array of the largest
+tensor (the certificate's backward holds a tied table's gradient from the head until the lookup's
+arrives); the runtime; and what the allocator keeps beyond the arrays alive, fitted on
+`benchmarks/bench_scale.py`.
 """
 
 from __future__ import annotations
@@ -17,15 +19,14 @@ from typing import Protocol
 from backend.normalize import RequestError
 from backend.schemas import AnalysisJob
 from backend.settings import Settings
+from backend.vocabulary import PIECE_VALUES
 
 VALUE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 # Python, torch, transformers and the tokenizer, loaded (SmolLM2-135M's run peaks at 0.9 GB in all)
 RUNTIME_BYTES = 700 << 20
-# what the malloc arenas keep beyond the arrays alive, the larger of two fits (`bench_scale.py`, T 0.7
-# top-k 50): per largest-tensor value, Qwen3-0.6B's peak of 11.5 GB against 8.4 GB of the terms below;
-# per parameter, Qwen3-1.7B's 23.3 GB against 19.3. Either alone under-estimates the other model.
-SLACK_BYTES_PER_LARGEST_VALUE = 20.0
-SLACK_BYTES_PER_PARAM = 2.4
+# what the malloc arenas keep beyond the arrays alive, per parameter (`bench_scale.py`)
+SLACK_BYTES_PER_PARAM = 0.3
+SUMMARY_THREADS = 2  # each summarizing thread forms its tables into buffers of its own
 
 
 class MeasuredModel(Protocol):
@@ -38,7 +39,7 @@ class MeasuredModel(Protocol):
 class PeakMemory:
     weights: int
     sums: int  # parameter-sized sums, in all
-    workspace: int  # the summary's arrays of the largest tensor, a direction chunk, the runtime, the slack
+    workspace: int  # the summary's blocks, a direction chunk, the largest tensor, the runtime, the slack
 
     @property
     def total(self) -> int:
@@ -64,15 +65,17 @@ def parameter_sized_sums(job: AnalysisJob) -> int:
 
 
 def summary_tables(job: AnalysisJob) -> int:
-    """First-moment tables the summary forms, one array each, beside its scratch array."""
+    """First-moment tables the summary forms, one block-sized array each, beside its scratch array."""
     return 1 + (not job.sampler.is_on_policy) + (2 if job.reward else 0)
 
 
 def estimate_peak(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> PeakMemory:
     value = VALUE_BYTES.get(job.dtype, 4)
     largest_values = model.vocab_size * model.d_model
-    slack = max(SLACK_BYTES_PER_LARGEST_VALUE * largest_values, SLACK_BYTES_PER_PARAM * model.n_params)
-    workspace = (summary_tables(job) + 1) * largest_values * value + chunk_bytes + RUNTIME_BYTES + int(slack)
+    block = min(largest_values, PIECE_VALUES)
+    summary = SUMMARY_THREADS * (summary_tables(job) + 1) * block * value
+    slack = int(SLACK_BYTES_PER_PARAM * model.n_params)
+    workspace = summary + chunk_bytes + largest_values * value + RUNTIME_BYTES + slack
     return PeakMemory(model.n_params * value, parameter_sized_sums(job) * model.n_params * value, workspace)
 
 

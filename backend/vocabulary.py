@@ -49,6 +49,11 @@ RHO_NOT_ASKED = (
     "rho needs the Fisher under p, which this off-policy analysis did not compute (it is computed only "
     "when asked: request field rho, fisherscope analyze --rho, notebook analyze(..., rho=True))"
 )
+# A pass over the parameters (a summary, the certificate) reads a tensor of more than this many values
+# in blocks of whole rows, so that what it forms of a tensor is a block's: Qwen3-1.7B's embedding table
+# is 1.2 GB per float32 array, and a summary formed three of them at once. SmolLM2-135M's largest tensor
+# (28M values) stays whole. The engine's blocks and the API's memory estimate read this one number.
+PIECE_VALUES = 1 << 25
 # The densities q of the named top-q sets: concentration shares, overlaps, compares and masks.
 TOP_FRACTIONS: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1)
 # The essays' running example: what a first visit shows, computed once by `fisherscope serve` at start.

@@ -25,15 +25,13 @@ from typing import overload
 
 import torch
 
+from backend.vocabulary import PIECE_VALUES
+
 Params = dict[str, torch.Tensor]
 # formed tensors kept for their next reader: a summary reads a tensor's first moments once per stat it
 # derives from them, in one thread, before it goes on to the next tensor, so a few tensors' worth is
 # the reuse there is (SmolLM2's first answer took as long as with every first moment held)
 FORMED_KEPT_BYTES = 256 << 20
-# values of a piece when a pass reads a large tensor in blocks of rows (``row_pieces``): the arrays a
-# pass forms are a piece's, not the tensor's (Qwen3-1.7B's embedding table is 1.2 GB per float32 array,
-# and a summary formed three of them at once); SmolLM2-135M's largest tensor (28M values) stays whole
-PIECE_VALUES = 1 << 25
 
 
 @dataclass(frozen=True)
