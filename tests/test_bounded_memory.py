@@ -247,3 +247,35 @@ def test_non_finite_counts_add_up_over_blocks_of_rows(monkeypatch):
     whole = reason()
     monkeypatch.setattr(first_moments, "PIECE_VALUES", 40)
     assert reason() == whole and "are not finite" in whole and " of " in whole
+
+
+@pytest.mark.parametrize(
+    ("family", "tied"), [("llama", True), ("gpt2", True), ("qwen3_moe", False), ("qwen2", False)]
+)
+def test_a_small_forms_sum_of_squares_is_the_formed_tensors(family, tied, monkeypatch):
+    """The square totals of first moments come from their terms' Gram matrices (never formed): the tied
+    head's outer product with the looked-up rows, transposed uses, routed experts' slices, a mean shift
+    (a difference of two first moments), and blocks of rows of each."""
+    model = tiny_model(family, tied=tied)
+    sums, _ = _position_sums(model, 1)
+    monkeypatch.setattr(first_moments, "PIECE_VALUES", 40)
+    pieces, _ = sums.in_pieces()
+    from_terms = 0
+    for table in (sums, pieces):
+        for key in ("common", "mean_shift", "policy_grad"):
+            for name, entry in table.sums[key].entries.items():
+                assert isinstance(entry, Factored)
+                formed = float(entry.form().double().square().sum())
+                found = entry.square_sum()
+                if found is None:  # a whole array among its terms (a norm's or bias's gradient)
+                    assert any(isinstance(t, first_moments.Whole | first_moments.Root) for t in entry.terms)
+                    continue
+                assert math.isclose(found, formed, rel_tol=1e-9, abs_tol=1e-300), (key, name)
+                from_terms += 1
+    assert from_terms > len(sums.names)
+    # and the summary's square totals, now from the terms, are the formed tensors'
+    layout = HeadLayout.of(model)
+    summary = model_summary(sums, layout.head_name, layout.embedding_name, CURVE_STATS)
+    for key, stat in (("common_sq", "common"), ("mean_shift_sq", "mean_shift")):
+        formed = sum(float(sums.stat(stat, name).double().square().sum()) for name in sums.names)
+        assert math.isclose(summary["totals"][key], formed, rel_tol=1e-9)

@@ -179,6 +179,11 @@ class Factored:
         for term in self.terms:
             term.add_into(target, first=False)
 
+    def square_sum(self) -> float | None:
+        """sum of squares of the tensor, in float64, from its terms without forming it (``square_sum``);
+        None where a term is a whole array (a norm's or bias's gradient, a root), which is formed."""
+        return square_sum(self.terms)
+
     def in_rows(self, start: int, stop: int) -> Factored:
         """Rows ``start:stop`` of the tensor (along its first dimension), still in the small form."""
         terms = (term.in_rows(start, stop) for term in self.terms)
@@ -199,6 +204,62 @@ class Factored:
             if term is not covering:
                 term.add_into(target, first=False)
         return target
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """A term as L^T R (L [r, rows], R [r, columns], float64, its scale in L) on the 2-D slice ``at``
+    (a routed expert's; None: the tensor); or, for an embedding lookup, its rows at ``unique``."""
+
+    left: torch.Tensor | None  # None: a lookup's one-hot rows at ``unique``
+    right: torch.Tensor
+    at: int | None = None
+    unique: torch.Tensor | None = None
+
+
+def _sides(term: Term) -> _Sides | None:
+    if isinstance(term, OuterRows):
+        left, right = (term.feature, term.delta) if term.transposed else (term.delta, term.feature)
+        return _Sides(left.double() * term.scale, right.double(), term.index)
+    if isinstance(term, HeadOuter):
+        features = torch.ones(1, dtype=torch.float64) if term.features is None else term.features.double()
+        return _Sides(term.per_row.double()[None] * term.scale, features[None])
+    if isinstance(term, TableRows):
+        return _Sides(None, term.rows.double() * term.scale, unique=term.unique)
+    return None  # Whole, Root: an array
+
+
+def _inner(a: _Sides, b: _Sides) -> float:
+    """<L_a^T R_a, L_b^T R_b> = sum((L_a L_b^T) * (R_a R_b^T)): r_a x r_b products, never the tensor."""
+    if a.at != b.at:  # two experts' slices do not overlap
+        return 0.0
+    if a.left is None and b.left is None:
+        assert a.unique is not None and b.unique is not None
+        lefts = (a.unique[:, None] == b.unique[None, :]).double()
+    elif a.left is None:
+        assert b.left is not None and a.unique is not None
+        lefts = b.left[:, a.unique].T
+    elif b.left is None:
+        assert b.unique is not None
+        lefts = a.left[:, b.unique]
+    else:
+        lefts = a.left @ b.left.T
+    return float((lefts * (a.right @ b.right.T)).sum())
+
+
+def square_sum(terms: tuple[Term, ...]) -> float | None:
+    """The float64 sum of squares of sum_k term_k as sum_{k,l} <term_k, term_l>, each from the terms'
+    small sides (Gram matrices of r rows, r the context's tokens): a first moment's square total costs
+    r^2 (out + in) per use instead of forming out x in values. None where a term is a whole array.
+    The float64 sum of products also keeps a mean shift's total exact where it is a small difference of
+    two large first moments."""
+    sides = [_sides(term) for term in terms]
+    if any(side is None for side in sides):
+        return None
+    known = [side for side in sides if side is not None]
+    total = sum(_inner(a, a) for a in known)
+    total += 2 * sum(_inner(a, b) for k, a in enumerate(known) for b in known[k + 1 :])
+    return max(total, 0.0)  # rounding below an exact zero
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,18 @@ class TotalsPass:
 
     def _first(self, name: str) -> _First:
         sums = self.sums
-        joint = self._joint(name) if cpu_kernels.compiled_for(sums.device) else _Joint({}, {}, {}, None)
+        # a stat whose totals are its sum of squares, held in its small form (a first moment at one
+        # position): the sum from its terms, in float64 (formed only where its top coordinates are read,
+        # so a light summary's totals are a full one's)
+        small = {
+            stat: square
+            for stat in self.formed
+            if self._totals_are_squares(stat) and (square := sums.small_square_sum(stat, name)) is not None
+        }
+        joint = (
+            self._joint(name, small) if cpu_kernels.compiled_for(sums.device) else _Joint({}, {}, {}, None)
+        )
+        joint.squares.update(small)
         found: dict[str, float | None] = {}
         hists: dict[str, Histogram] = dict(joint.hists)
         candidates: dict[str, list[Candidate]] = {}
@@ -211,11 +222,13 @@ class TotalsPass:
             if stat in joint.squares:
                 for alias in self.aliases[stat]:
                     found[self.totals_of[alias][0]] = joint.squares[stat]
-                continue
+                if stat not in self.top_stats:
+                    continue
             value = sums.stat(stat, name, out=self.scratch(name))
             for alias in self.aliases[stat]:
                 key, squared = self.totals_of[alias]
-                found[key] = self._total(value, squared)
+                if stat not in joint.squares:
+                    found[key] = self._total(value, squared)
             if stat in self.top_stats:
                 candidates[stat] = top_candidates(name, value, stat in SIGNED_STATS)
         if sums.has_rho:
@@ -226,20 +239,28 @@ class TotalsPass:
         totals = {key: found.get(key, 0.0) for key in self.total_keys}
         return _First(totals, {stat: hists[stat] for stat in self.curve}, candidates)
 
-    def _joint(self, name: str) -> _Joint:
+    def _totals_are_squares(self, stat: str) -> bool:
+        """Whether a stat's totals are its sum of squares alone (no histogram)."""
+        return (
+            stat not in self.binned
+            and bool(self.aliases[stat])
+            and all(self.totals_of[alias][1] for alias in self.aliases[stat])
+        )
+
+    def _joint(self, name: str, small: dict[str, float]) -> _Joint:
         """The passes of ``first`` on the CPU: the totals of the binned stats that are sums of stored
-        arrays, of the first stat whose totals are only a sum of squares of a stored array, and rho's
-        mean; then the histograms of the curve stats among them (a full summary's)."""
+        arrays, of the first stat whose totals are only a sum of squares of a stored array (not one of
+        ``small``, summed from its terms), and rho's mean; then the histograms of the curve stats among
+        them (a full summary's)."""
         sums = self.sums
         binned = {stat: terms for stat in self.binned if (terms := sums.terms(stat, name)) is not None}
         squared = next(
             (
                 stat
                 for stat in self.formed
-                if stat not in self.binned
+                if self._totals_are_squares(stat)
                 and stat not in self.top_stats
-                and self.aliases[stat]
-                and all(self.totals_of[alias][1] for alias in self.aliases[stat])
+                and stat not in small
                 and (terms := sums.terms(stat, name)) is not None
                 and terms.extra is None
             ),

@@ -50,13 +50,21 @@ def square_total(values: Sequence[torch.Tensor]) -> float:
 
 
 def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
-    """``square_total`` of a mapping's tensors, read one at a time (a ``FirstMoment`` forms each as it
-    is read: all of them at once would be parameter-sized)."""
+    """``square_total`` of a mapping's tensors. A first moment in its small form is summed from its
+    terms (``Factored.square_sum``: never formed); any other tensor is read one at a time, a large one a
+    block of rows at a time (a ``FirstMoment`` forms each as it is read: all at once would be
+    parameter-sized)."""
     whole = tensors.entries if isinstance(tensors, FirstMoment) else dict(tensors)
-    pieces = {key: p for name, e in whole.items() for key, p in row_pieces(name, tuple(e.shape)).items()}
-    entries = {
-        key: in_piece(whole[piece.tensor], piece) for key, piece in pieces.items()
-    }  # a large table's rows
+    total = 0.0
+    rest: dict[str, Factored | torch.Tensor] = {}
+    for name, entry in whole.items():
+        found = entry.square_sum() if isinstance(entry, Factored) else None
+        if found is None:
+            rest[name] = entry
+        else:
+            total += found
+    pieces = {key: p for name, e in rest.items() for key, p in row_pieces(name, tuple(e.shape)).items()}
+    entries = {key: in_piece(rest[piece.tensor], piece) for key, piece in pieces.items()}
     cache = FormedCache(0)
     moment = FirstMoment(entries, cache, "square")  # each thread forms into one buffer of its own
     names = list(moment)
@@ -68,8 +76,8 @@ def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
             return cpu_kernels.square_sum(value) if compiled else square_total([value])
 
     if compiled:
-        return sum(cpu_kernels.each_in_threads(square_sum, names, [moment.numel(name) for name in names]))
-    return sum(square_sum(name) for name in names)
+        return total + sum(cpu_kernels.each_in_threads(square_sum, names, [moment.numel(n) for n in names]))
+    return total + sum(square_sum(name) for name in names)
 
 
 @dataclass
@@ -231,6 +239,13 @@ class MomentSums:
                 torch.add(self.sums["common"][name], self.sums["mean_shift"][name], out=target)
             return target.square_().add_(self._fisher(name))
         return terms.formed(None if terms.extra is None else self._buffer(name, out))
+
+    def small_square_sum(self, stat: str, name: str) -> float | None:
+        """The float64 sum of squares of a stored stat held in its small form (a first moment at one
+        position), from its terms (``Factored.square_sum``); None for any other."""
+        table = self.sums.get(stat)
+        entry = None if table is None else table.entries.get(name)
+        return entry.square_sum() if isinstance(entry, Factored) else None
 
     def terms(self, stat: str, name: str) -> StatTerms | None:
         """The stat as a sum of stored arrays (see ``StatTerms``); None for rho, and for raw at one
