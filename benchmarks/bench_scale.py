@@ -6,12 +6,13 @@ it in a child process per case under `/usr/bin/time -v`: peak resident memory, w
 directions the summary counts, and the floor 2 r P T at the float32 matmul rate this script measures at
 the model's width before its cases (the CLI's remembered rate may come from a busier moment). Cases:
 the 5-token prefix "She drank a cup of" at T 0.7, top-k 50 (the first answer: no rho), the same with
-`--rho`, and on the policy. Each shape's runs share a cache folder of their own
+`--rho`, on the policy, and a response of `--response-tokens` (64) at T 0.7, top-k 50 (its floor sums
+each position's directions over its own context). Each shape's runs share a cache folder of their own
 (``FISHERSCOPE_CACHE``): the model's certificate (once per load) is measured on its own first, by
 `fisherscope models add` (as the id ``bench``), and every case analyzes that id.
 
 Usage: .venv/bin/python benchmarks/bench_scale.py [--shapes qwen3-0.6b,qwen3-1.7b] [--cases ...]
-    [--memory-limit-gb G]
+    [--memory-limit-gb G] [--response-tokens N]
 A case whose estimated peak is above the CLI's memory limit (the machine's memory, or G) is refused by
 the CLI, with the estimate; G above the machine's memory measures what the CLI would refuse.
 """
@@ -41,7 +42,26 @@ CASES: dict[str, list[str]] = {
     "top-k 50 T 0.7": ["--temperature", "0.7", "--top-k", "50"],
     "top-k 50 T 0.7 rho": ["--temperature", "0.7", "--top-k", "50", "--rho"],
     "on-policy": [],
+    "response top-k 50": ["--temperature", "0.7", "--top-k", "50"],  # and a continuation (``response``)
 }
+# a response's text, cut to --response-tokens of SmolLM2's tokenizer (64 here); from its second position
+# on, the sums over positions are arrays, whatever its length
+RESPONSE = (
+    " tea with milk and honey every morning before work, because her grandmother had taught her that a"
+    " warm drink settles the mind. She would sit by the window, watch the rain fall on the quiet street,"
+    " and think about the long day ahead of her at the hospital where she worked as a nurse on the long"
+    " night shift."
+)
+
+
+def response(tokens: int) -> str:
+    """The first ``tokens`` tokens of ``RESPONSE``, as text."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(
+        str(Path.home() / ".cache" / "fisherscope" / "smollm2-135m" / "tokenizer.json")
+    )
+    return tokenizer.decode(tokenizer.encode(RESPONSE).ids[:tokens])
 
 
 def build(shape: str, folder: Path) -> int:
@@ -106,7 +126,12 @@ def run_case(model: str, flags: list[str], out: Path, rate: float, cache: Path, 
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
     summary = json.loads(out.read_text())
     directions = sum(summary["directions_per_process"])
-    tokens = summary["positions"][0]["context_length"]
+    # each position's directions run over its own context: the directions' mean context length
+    positions = summary["positions"]
+    per_position = [max(1, position["directions"]) for position in positions]
+    tokens = sum(d * p["context_length"] for d, p in zip(per_position, positions, strict=True)) / sum(
+        per_position
+    )
     floor = 2 * directions * summary["model"]["n_params"] * tokens / rate
     engine = summary["timing"]["seconds"]
     return {"peak_gb": peak_kb / 1e6, "wall": wall, "engine": engine, "directions": directions,
@@ -120,6 +145,7 @@ def main() -> None:
     parser.add_argument(
         "--memory-limit-gb", type=float, help="the CLI's memory limit (default: the machine's)"
     )
+    parser.add_argument("--response-tokens", type=int, default=64, help="the response case's length")
     args = parser.parse_args()
     limit = None if args.memory_limit_gb is None else int(args.memory_limit_gb * 1e9)
     from workers.throughput import measure_width
@@ -143,7 +169,10 @@ def main() -> None:
                 f"weights), wall {certified['wall']:6.1f} s (once per load)"
             )
             for case in args.cases.split(","):
-                found = run_case("bench", CASES[case], summary, rate, cache, limit)
+                flags = CASES[case] + (
+                    ["--continuation", response(args.response_tokens)] * case.startswith("response")
+                )
+                found = run_case("bench", flags, summary, rate, cache, limit)
                 if "error" in found:
                     print(f"  {case:<22} refused or failed: {found['error']}")
                     continue
