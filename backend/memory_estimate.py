@@ -24,7 +24,10 @@ from backend.vocabulary import PIECE_VALUES
 VALUE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 # Python, torch, transformers and the tokenizer, loaded (SmolLM2-135M's run peaks at 0.9 GB in all)
 RUNTIME_BYTES = 700 << 20
-# what the malloc arenas keep beyond the arrays alive, per parameter (`bench_scale.py`)
+# what the malloc arenas keep beyond the arrays alive, per parameter. With it the estimate is above every
+# peak `bench_scale.py` measured, by 10-25%: Qwen3-0.6B 8.2 / 10.6 / 7.9 / 20.1 GB estimated against 6.5 /
+# 9.1 / 6.3 / 18.7 (top-k, rho, on the policy, an 8-token response); Qwen3-1.7B 18.1 / 17.9 against 15.3
+# (16.7 for its certificate) / 15.1
 SLACK_BYTES_PER_PARAM = 0.3
 SUMMARY_THREADS = 2  # each summarizing thread forms its tables into buffers of its own
 
@@ -58,9 +61,11 @@ def parameter_sized_sums(job: AnalysisJob) -> int:
     fisher_p = job.rho and not on_policy
     if len(job.continuation_ids) <= 1 and job.continuation_sample is None:
         return 1 + fisher_p  # a prefix: the Fisher (and under p); first moments stay small
-    # along a response: the Fisher and the common component with its squares, the mean shift with its
-    # squares and kbar_mu's, the reward's two, the Fisher under p; and the position being added
-    arrays = 3 + (0 if on_policy else 3) + (2 if job.reward else 0) + fisher_p
+    # along a response: the Fisher and the common component, with its squares where something reads them
+    # (the raw Fisher on the policy, rho), the mean shift with its squares and kbar_mu's, the reward's
+    # two, the Fisher under p; and the position being added
+    common_squares = on_policy or job.rho
+    arrays = 2 + common_squares + (0 if on_policy else 3) + (2 if job.reward else 0) + fisher_p
     return arrays + 1
 
 

@@ -34,13 +34,16 @@ def test_a_prefix_holds_the_fisher_alone_and_rho_adds_the_fisher_under_p():
     assert parameter_sized_sums(_job(sampler=OFF_POLICY, rho=True)) == 2
     # along a response every sum over positions is an array, and the position being added is one more
     assert parameter_sized_sums(_job(continuation_ids=[4, 7])) == 4
-    assert parameter_sized_sums(_job(continuation_ids=[4, 7], sampler=OFF_POLICY, reward={"4": 1.0})) == 9
+    # off the policy, the common component's squares are kept only for rho
+    assert parameter_sized_sums(_job(continuation_ids=[4, 7], sampler=OFF_POLICY, reward={"4": 1.0})) == 8
+    assert parameter_sized_sums(_job(continuation_ids=[4, 7], sampler=OFF_POLICY, rho=True)) == 8
 
 
 @pytest.mark.parametrize(
     ("fields", "positions"),
     [({}, 1), ({"sampler": OFF_POLICY, "rho": True}, 1), ({"continuation_ids": [4, 7, 9]}, 3),
-     ({"continuation_ids": [4, 7], "sampler": OFF_POLICY, "reward": {"4": 1.0}}, 2)],
+     ({"continuation_ids": [4, 7], "sampler": OFF_POLICY, "reward": {"4": 1.0}}, 2),
+     ({"continuation_ids": [4, 7], "sampler": OFF_POLICY, "rho": True}, 2)],
 )  # fmt: skip
 def test_the_sums_counted_are_those_the_engine_holds(fields, positions):
     """The arrays of the engine's running sums (first moments in their small form are not arrays)."""

@@ -126,7 +126,7 @@ class MomentSums:
                     self._add_square("mean_shift_sq", name, shifts[name])
                     self._add_square("kbar_mu_sq", name, m.kbar_mu[name])
             self._add("common", name, m.kbar_p.entry(name))
-            if track_squares:
+            if track_squares and self._keeps("common_sq"):
                 self._add_square("common_sq", name, m.kbar_p[name])
             if m.policy_grad is not None:
                 assert m.reward_std is not None
@@ -146,11 +146,17 @@ class MomentSums:
         for name in self.names:
             for key, base in self.SQUARED.items():
                 value = self._get(base, name)
-                if value is not None:
+                if value is not None and self._keeps(key):
                     self._add_square(key, name, value)
             shift = self._get("mean_shift", name)
             if shift is not None:
                 self._add_square("kbar_mu_sq", name, self.sums["common"][name] + shift)
+
+    def _keeps(self, key: str) -> bool:
+        """Whether a sum of squares is kept along a response: the common component's is read only by the
+        raw Fisher on the policy and by rho, so off the policy without the second moment under p it is a
+        parameter-sized array nothing reads."""
+        return key != "common_sq" or self.has_rho
 
     def _table(self, key: str) -> FirstMoment:
         if key not in self.sums:
