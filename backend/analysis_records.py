@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from backend import registry
-from backend.cost import cheaper_methods, estimate_cost
+from backend.cost import cheaper_methods, estimate_cost, slowest_live_rate
 from backend.fastjson import dumps, is_strict_json_object, loads
 from backend.memory_estimate import refuse_over_memory
 from backend.model_catalog import ModelCatalog
@@ -39,6 +39,11 @@ class AnalysisRecords(ModelCatalog):
         # composition that runs a worker in this process sets it
         self.warming: Callable[[], str | None] = lambda: None
 
+    def flops_per_second(self, model_id: str) -> float:
+        """The slowest live worker's measured rate for the model, else the configured one."""
+        rate = slowest_live_rate(self.store.rates(model_id), self.queue.live_workers())
+        return self.settings.flops_per_second if rate is None else rate
+
     def submit(self, create: AnalysisCreate) -> tuple[AnalysisPublic, int]:
         """200 with the finished analysis when cached, else 202 (queued once however often asked)."""
         analysis_id, (meta, summary_json) = self.submit_id(create)
@@ -58,7 +63,7 @@ class AnalysisRecords(ModelCatalog):
     def submit_job(self, info: registry.ModelInfo, job: AnalysisJob) -> tuple[str, StoredAnalysis]:
         """Key and (unless cached, in flight or over the budget) enqueue a normalized job."""
         settings = self.settings
-        estimate = estimate_cost(info, job, settings.flops_per_second, settings.engine_memory_bytes)
+        estimate = estimate_cost(info, job, self.flops_per_second(info.id), settings.engine_memory_bytes)
         refuse_over_memory(info, job, settings)
         if estimate.flops > self.settings.budget_flops:
             raise RequestError(

@@ -37,6 +37,14 @@ GHOST_PAIR_FLOPS_PER_PARAM = 2.9  # times n (n + 1) per position in the ghost fo
 SUMMARY_FLOPS_PER_PARAM = 2000  # once: totals, concentration curves, top coordinates (a prefix's C_mu)
 
 
+def slowest_live_rate(rates: dict[str, float], live: set[str] | None) -> float | None:
+    """The rate to turn flops into seconds: the slowest of the live workers that published one for the
+    model (a job may land on any of them); None when none has (the configured rate stands in). ``live``
+    None: every worker is this process, and what it published is its own."""
+    found = [rate for worker, rate in rates.items() if (live is None or worker in live) and rate > 0]
+    return min(found) if found else None
+
+
 def context_lengths(job: AnalysisJob) -> list[int]:
     """Context length of every analysed position: one for a prefix, T along a continuation.
 

@@ -33,6 +33,7 @@ class LocalStore(Store):
         self._counters: dict[str, int] = {}
         self._summaries: OrderedDict[str, bytes] = OrderedDict()
         self._partials: dict[str, bytes] = {}
+        self._rates: dict[str, dict[str, float]] = {}
 
     def ping(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -175,6 +176,14 @@ class LocalStore(Store):
             except (FileNotFoundError, ValueError):
                 return []
         return [str(item) for item in ids if isinstance(item, str)][:limit]
+
+    def publish_rate(self, worker: str, model_id: str, flops_per_second: float) -> None:
+        with self._lock:
+            self._rates.setdefault(model_id, {})[worker] = float(flops_per_second)
+
+    def rates(self, model_id: str) -> dict[str, float]:
+        with self._lock:
+            return dict(self._rates.get(model_id, {}))
 
     def count(self, counter: str) -> int:
         with self._lock:

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from rq import Queue, Retry
+from rq import Queue, Retry, Worker
 from rq.serializers import JSONSerializer
 
 ANALYSIS_FUNCTION = "workers.jobs.run_analysis_job"
@@ -28,9 +28,17 @@ STUDY_PART_RETRIES = 2
 log = logging.getLogger(__name__)
 
 
+# the name a worker in this process publishes its rate under (no RQ job, hence no RQ worker name)
+IN_PROCESS_WORKER = "in-process"
+
+
 class JobQueue(ABC):
     @abstractmethod
     def enqueue(self, function: str, payload: dict, analysis_id: str, retries: int = 0) -> None: ...
+
+    def live_workers(self) -> set[str] | None:
+        """The names of the workers alive now; None where every worker is this process."""
+        return None
 
 
 class RedisQueue(JobQueue):
@@ -49,6 +57,10 @@ class RedisQueue(JobQueue):
             description=f"{function.rsplit('.', 1)[-1]} {analysis_id[:12]}",
             retry=Retry(max=retries) if retries else None,
         )
+
+    def live_workers(self) -> set[str] | None:
+        # RQ's registry: a worker that stopped or missed its heartbeats is no longer found
+        return {worker.name for worker in Worker.all(queue=self.queue)}
 
 
 class ThreadQueue(JobQueue):

@@ -57,7 +57,11 @@ class Settings(BaseSettings):
     max_prefix_tokens: int = 256
     max_continuation_tokens: int = 64
     cost_budget_tflop: float = Field(default=50.0, description="refuse analyses estimated above this")
-    flops_per_second: float = Field(default=5e10, description="throughput used to turn flops into seconds")
+    flops_per_second: float = Field(
+        default=5e10,
+        description="throughput that turns flops into seconds when no live worker has published its measured "
+        "rate for the model",
+    )
     allow_tf32: bool = Field(
         default=False,
         description="CUDA float32 matmuls in TF32 (faster, ~1e-3 relative; the certificate measures it)",

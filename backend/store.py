@@ -22,6 +22,8 @@ LEASE_REFRESH_S = 2.0
 LEASE_TTL_S = 10.0
 # Recent-item lists (the studies people find again) keep this many ids; older ones drop off the end.
 RECENT_LIMIT = 50
+# a model's published worker rates outlive a quiet week; a worker that is gone is skipped by name
+RATES_TTL_S = 7 * 24 * 3600
 RECENT_STUDIES = "studies"
 # counters (``Store.count``): analyses the engine computed whole, and those answered from another
 # reward's analysis (workers.reward_reuse); a cache hit adds to neither
@@ -185,8 +187,20 @@ class Store(ABC):
         """Put ``item_id`` first in the bounded list ``index`` (once: an id already there moves up)."""
 
     @abstractmethod
+    def publish_rate(self, worker: str, model_id: str, flops_per_second: float) -> None:
+        """A worker's measured float32 matmul rate for a model, by worker name (its last one)."""
+
+    @abstractmethod
+    def rates(self, model_id: str) -> dict[str, float]:
+        """The rates workers have published for a model, by worker name (live or not)."""
+
+    @abstractmethod
     def recent(self, index: str, limit: int = RECENT_LIMIT) -> list[str]:
         """The ids of ``index``, most recently remembered first; some may name records since expired."""
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class RedisStore(Store):
@@ -288,6 +302,17 @@ class RedisStore(Store):
     def recent(self, index: str, limit: int = RECENT_LIMIT) -> list[str]:
         raw = self.redis.lrange(f"{self.prefix}:recent:{index}", 0, limit - 1)
         return [item.decode() if isinstance(item, bytes) else str(item) for item in raw]
+
+    def publish_rate(self, worker: str, model_id: str, flops_per_second: float) -> None:
+        key = f"{self.prefix}:rates:{model_id}"
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, worker, repr(float(flops_per_second)))
+        pipe.expire(key, RATES_TTL_S)
+        pipe.execute()
+
+    def rates(self, model_id: str) -> dict[str, float]:
+        found = self.redis.hgetall(f"{self.prefix}:rates:{model_id}")
+        return {_text(name): float(_text(rate)) for name, rate in found.items()}
 
     def count(self, counter: str) -> int:
         return int(self.redis.incr(f"{self.prefix}:count:{counter}"))

@@ -103,7 +103,7 @@ class StudyService:
     def submit(self, create: StudyCreate) -> tuple[StudyPublic, int]:
         """200 with the finished study when cached, else 202; parts that failed are queued again."""
         job, shape = self.normalize(create)
-        cost = estimate_study_cost(shape, job.method, self.settings.flops_per_second)
+        cost = estimate_study_cost(shape, job.method, self.analyses.flops_per_second(job.model))
         if cost.flops > self.settings.budget_flops:
             offers = ", ".join(cheaper_study_methods(shape, self.settings.budget_flops)) or "none"
             raise RequestError(

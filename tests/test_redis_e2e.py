@@ -17,7 +17,11 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from backend.analysis_records import AnalysisRecords
+from backend.cost import estimate_cost
 from backend.main import create_app
+from backend.queue import RedisQueue, ThreadQueue
+from backend.schemas import AnalysisJob
 from backend.settings import Settings
 from backend.store import RedisStore
 
@@ -153,3 +157,25 @@ def test_safetensors_download_on_demand(service) -> None:
     arrays = load(response.content)
     assert any(key.startswith("fisher/") for key in arrays)
     assert "input_ids" in arrays
+
+
+def test_the_worker_publishes_its_rate_and_estimates_use_it(service) -> None:
+    """The worker process measured its matmul rate at tiny-random's width and published it under its RQ
+    name; a new request's estimate turns flops into seconds at that rate, not the configured one."""
+    client, store = service
+    body = {"model": "tiny-random", "prefix": "The worker measured"}
+    done = wait_done(client, client.post("/api/v1/analyses", json=body).json()["id"])
+    assert done["status"] == "done", done["error"]
+    rates = store.rates("tiny-random")
+    live = RedisQueue(store.redis, QUEUE, 60).live_workers()
+    assert len(rates) == 1 and set(rates) <= live, (rates, live)
+    (rate,) = rates.values()
+    settings = Settings(redis_url=REDIS_URL, queue_name=QUEUE)
+    assert rate > 0 and rate != settings.flops_per_second
+    queued = client.post("/api/v1/analyses", json={**body, "prefix": "Estimated at the worker's rate"})
+    assert queued.status_code == 202, queued.text
+    info, _ = AnalysisRecords(settings, store, ThreadQueue(lambda *args: None)).resolve_model("tiny-random")
+    job = AnalysisJob.model_validate(queued.json()["request"])
+    expected = estimate_cost(info, job, rate, settings.engine_memory_bytes)
+    assert queued.json()["cost"]["seconds"] == pytest.approx(expected.seconds)
+    wait_done(client, queued.json()["id"])

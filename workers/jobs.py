@@ -21,12 +21,13 @@ from backend.analysis_records import queued_meta
 from backend.cost import estimate_cost
 from backend.disk import evict_to_budget
 from backend.export_choice import EXPORT_FIELD_PREFIX, export_record
+from backend.queue import IN_PROCESS_WORKER
 from backend.schemas import AnalysisJob, ExportChoice
 from backend.settings import Settings, get_settings
 from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
 from backend.summary import checked_summary
 from backend.vocabulary import STATS, EngineKind
-from workers.commands.processes import together
+from workers.commands.processes import launched_by_torchrun, together
 from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
 from workers.exports import Float16Overflow, write_export
 from workers.fisher.concentration import NAMED_FRACTIONS
@@ -92,6 +93,40 @@ def analyze_job(
     )
     analysis.summary["cost"] = _cost(loaded, job, settings, flops_per_second)
     return analysis
+
+
+def published_rate(store: Store, loaded: LoadedModel) -> float | None:
+    """This worker's float32 matmul rate at the model's width (measured once per device and width and
+    remembered: ``workers.throughput``), published under its RQ name for the API, whose estimates use
+    the slowest live worker's rate (a configured guess was 4x slow on a 2-core machine). None where it
+    could not be measured or published: an aid to estimates, the job runs regardless."""
+    from rq import get_current_job
+
+    from workers.throughput import matmul_rate
+
+    try:
+        rate = matmul_rate(str(next(loaded.model.parameters()).device), loaded.info.d_model)
+        current = get_current_job()
+        worker = current.worker_name if current is not None and current.worker_name else IN_PROCESS_WORKER
+        store.publish_rate(worker, loaded.info.id, rate)
+    except Exception as error:
+        _log.warning("published no matmul rate for %s: %s", loaded.info.id, _reason(error))
+        return None
+    return rate
+
+
+def judge_rate(loaded: LoadedModel, analysis: Analysis) -> None:
+    """Forget the remembered rate when the run missed its estimate at that rate by more than
+    ``MISS_FACTOR`` (measured while the machine was busy): the next job measures and publishes again."""
+    from workers.throughput import check_estimate
+
+    cost = analysis.summary.get("cost") or {}
+    if cost.get("upper_bound") or not cost.get("seconds") or launched_by_torchrun():
+        return  # an upper bound, or a run split over processes, says nothing of the rate
+    device = str(next(loaded.model.parameters()).device)
+    check_estimate(
+        device, loaded.info.d_model, float(cost["seconds"]), float(analysis.summary["timing"]["seconds"])
+    )
 
 
 def _cost(loaded: LoadedModel, job: AnalysisJob, settings: Settings, flops_per_second: float | None = None):
@@ -168,7 +203,8 @@ def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: Mode
             return None
     concrete = job.model_copy(update={"continuation_ids": ids, "continuation_sample": None})
     concrete_id = concrete.key()
-    estimate = estimate_cost(loaded.info, concrete, settings.flops_per_second, settings.engine_memory_bytes)
+    rate = published_rate(store, loaded) or settings.flops_per_second
+    estimate = estimate_cost(loaded.info, concrete, rate, settings.engine_memory_bytes)
     claimed = store.claim(concrete_id, queued_meta(concrete, estimate))
     store.update_meta(request_id, status="done", stage="sampled", progress=1.0, follows=concrete_id)
     return concrete if claimed else None
@@ -209,6 +245,7 @@ def execute_analysis(
             loaded = load_for(job, pool or model_pool())
             if _answered_from_kept(loaded, job, store, settings):
                 return
+            rate = published_rate(store, loaded)
             store.count(ENGINE_RUNS)
             shapes = list(parameter_shapes(loaded).values())
             grid = pooled_grid(
@@ -220,11 +257,14 @@ def execute_analysis(
                     job,
                     settings,
                     lambda stage, p: store.set_progress(analysis_id, stage, p),
+                    flops_per_second=rate,
                     on_partial=lambda summary, kept: store.save_partial(
                         analysis_id, {"kept_share": kept, "result": checked_summary(summary)}
                     ),
                     keep_fisher_roots=grid,
                 )
+            if rate is not None:
+                judge_rate(loaded, analysis)
             # the top-q sets first: an analysis that reads as done can be compared at once
             write_levels(analysis, settings.levels_path(analysis_id), settings)
             try:

@@ -75,6 +75,7 @@ def execute_study_part(
         try:
             if not target.is_file():  # a retried part that had written its file is done already
                 loaded = _load(job, pool or jobs.model_pool())
+                jobs.published_rate(store, loaded)  # for the API's estimates of what comes next
                 spec = study_spec(job)
                 study_model = study_model_of(loaded, spec)
                 store.count(STUDY_RUNS)
