@@ -54,7 +54,9 @@ class DashboardState:
     continuation: str = ""
     # a response drawn from the sampler instead of a typed continuation: set when sample_seed is not None
     sample_seed: int | None = None
-    sample_tokens: int = 16
+    # a response's cost grows with every position (SmolLM2-135M exact: about 11 s each on 2 cores), so
+    # the first sample is short; a link always states its length, so this changes no shared view
+    sample_tokens: int = 8
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 1.0
