@@ -85,45 +85,35 @@ def build(shape: str, folder: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run_certificate(folder: Path, cache: Path) -> dict:
-    """`fisherscope models add` of the folder: its certificate's peak RSS (GB) and wall seconds."""
-    command = [
-        "/usr/bin/time",
-        "-v",
-        sys.executable,
-        "-m",
-        "workers.cli",
-        "models",
-        "add",
-        "bench",
-        str(folder),
-    ]
-    started = time.perf_counter()
+def run_cli(arguments: list[str], cache: Path, limit: int | None = None) -> dict:
+    """One `fisherscope` run under `/usr/bin/time -v`: its peak RSS (GB) and wall seconds, or the CLI's
+    own error line (printed before /usr/bin/time's report)."""
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", "workers.cli", *arguments]
     environment = {**os.environ, "FISHERSCOPE_CACHE": str(cache)}
+    if limit is not None:
+        environment["FISHERSCOPE_MEMORY_LIMIT_BYTES"] = str(limit)
+    started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
+    wall = time.perf_counter() - started
     if done.returncode != 0:
         said = [line for line in done.stderr.splitlines() if line.startswith("fisherscope")]
         return {"error": said[-1] if said else f"exit status {done.returncode}"}
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
-    return {"peak_gb": peak_kb / 1e6, "wall": time.perf_counter() - started}
+    return {"peak_gb": peak_kb / 1e6, "wall": wall}
+
+
+def run_certificate(folder: Path, cache: Path) -> dict:
+    """`fisherscope models add` of the folder (as ``bench``): its certificate's peak RSS and wall."""
+    return run_cli(["models", "add", "bench", str(folder)], cache)
 
 
 def run_case(model: str, flags: list[str], out: Path, rate: float, cache: Path, limit: int | None) -> dict:
-    """One CLI run: peak RSS (GB), wall seconds, directions per position, the floor at ``rate``."""
-    command = [
-        "/usr/bin/time", "-v", sys.executable, "-m", "workers.cli", "analyze", "--model", model,
-        "--prefix", PREFIX, "--summary", str(out), *flags,
-    ]  # fmt: skip
-    started = time.perf_counter()
-    environment = {**os.environ, "FISHERSCOPE_CACHE": str(cache)}
-    if limit is not None:
-        environment["FISHERSCOPE_MEMORY_LIMIT_BYTES"] = str(limit)
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:  # the CLI's own line, before /usr/bin/time's report
-        said = [line for line in done.stderr.splitlines() if line.startswith("fisherscope")]
-        return {"error": said[-1] if said else f"exit status {done.returncode}"}
-    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+    """One analysis: peak RSS (GB), wall seconds, directions, the floor at ``rate``."""
+    found = run_cli(
+        ["analyze", "--model", model, "--prefix", PREFIX, "--summary", str(out), *flags], cache, limit
+    )
+    if "error" in found:
+        return found
     summary = json.loads(out.read_text())
     directions = sum(summary["directions_per_process"])
     # each position's directions run over its own context: the directions' mean context length
@@ -134,8 +124,13 @@ def run_case(model: str, flags: list[str], out: Path, rate: float, cache: Path, 
     )
     floor = 2 * directions * summary["model"]["n_params"] * tokens / rate
     engine = summary["timing"]["seconds"]
-    return {"peak_gb": peak_kb / 1e6, "wall": wall, "engine": engine, "directions": directions,
-            "rate": rate, "floor": floor, "ratio": engine / floor}  # fmt: skip
+    return {**found, "engine": engine, "directions": directions, "rate": rate, "floor": floor,
+            "ratio": engine / floor}  # fmt: skip
+
+
+def peak(found: dict, n_params: int) -> str:
+    over = found["peak_gb"] * 1e9 / (4 * n_params)
+    return f"peak {found['peak_gb']:5.1f} GB ({over:.1f}x the float32 weights)"
 
 
 def main() -> None:
@@ -163,10 +158,9 @@ def main() -> None:
             if "error" in certified:
                 print(f"  {'certificate':<22} failed: {certified['error']}")
                 continue
-            over = certified["peak_gb"] * 1e9 / (4 * n_params)
             print(
-                f"  {'certificate':<22} peak {certified['peak_gb']:5.1f} GB ({over:.1f}x the float32 "
-                f"weights), wall {certified['wall']:6.1f} s (once per load)"
+                f"  {'certificate':<22} {peak(certified, n_params)}, wall {certified['wall']:6.1f} s "
+                "(once per load)"
             )
             for case in args.cases.split(","):
                 flags = CASES[case] + (
@@ -176,10 +170,9 @@ def main() -> None:
                 if "error" in found:
                     print(f"  {case:<22} refused or failed: {found['error']}")
                     continue
-                over = found["peak_gb"] * 1e9 / (4 * n_params)
                 print(
-                    f"  {case:<22} peak {found['peak_gb']:5.1f} GB ({over:.1f}x the float32 weights), "
-                    f"{found['directions']:5d} directions, engine {found['engine']:6.1f} s (wall "
+                    f"  {case:<22} {peak(found, n_params)}, {found['directions']:5d} directions, "
+                    f"engine {found['engine']:6.1f} s (wall "
                     f"{found['wall']:6.1f} s), {found['ratio']:.2f}x the floor {found['floor']:.1f} s at "
                     f"{found['rate'] / 1e9:.0f} GFLOP/s"
                 )

@@ -105,7 +105,7 @@ def published_rate(store: Store, loaded: LoadedModel) -> float | None:
     from workers.throughput import matmul_rate
 
     try:
-        rate = matmul_rate(str(next(loaded.model.parameters()).device), loaded.info.d_model)
+        rate = matmul_rate(_device(loaded), loaded.info.d_model)
         current = get_current_job()
         worker = current.worker_name if current is not None and current.worker_name else IN_PROCESS_WORKER
         store.publish_rate(worker, loaded.info.id, rate)
@@ -123,10 +123,17 @@ def judge_rate(loaded: LoadedModel, analysis: Analysis) -> None:
     cost = analysis.summary.get("cost") or {}
     if cost.get("upper_bound") or not cost.get("seconds") or launched_by_torchrun():
         return  # an upper bound, or a run split over processes, says nothing of the rate
-    device = str(next(loaded.model.parameters()).device)
     check_estimate(
-        device, loaded.info.d_model, float(cost["seconds"]), float(analysis.summary["timing"]["seconds"])
+        _device(loaded),
+        loaded.info.d_model,
+        float(cost["seconds"]),
+        float(analysis.summary["timing"]["seconds"]),
     )
+
+
+def _device(loaded: LoadedModel) -> str:
+    """Where the model's weights are: the device whose rate is measured and remembered."""
+    return str(next(loaded.model.parameters()).device)
 
 
 def _cost(loaded: LoadedModel, job: AnalysisJob, settings: Settings, flops_per_second: float | None = None):

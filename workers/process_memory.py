@@ -10,8 +10,8 @@ GB; keeping up to 1 GB at the heap's top instead of 256 MB added a gigabyte to i
 Arrays above 32 MB (glibc's ceiling for this setting) are still mapped per allocation; the largest
 the engine forms, the embedding table's sums, are recycled instead (``workers.fisher.recycled``).
 
-A summary is the exception (``returning_freed_memory``): its passes read each array once, and what it
-frees in its threads, kept, grew with the model.
+A summary and a certificate are the exceptions (``returning_freed_memory``): they read each array once,
+and what they free in threads, kept, grew with the model.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc refuses more
 TRIM_THRESHOLD_BYTES = 256 << 20  # free memory at the heap's top kept up to this
 TOP_PAD_BYTES = 64 << 20
-# while a summary runs: arrays above 1 MB mapped per allocation, the heap's free top above 8 MB trimmed
-# (Qwen3-1.7B's first answer, T 0.7 top-k 50: peak 16.9 GB with the retaining thresholds, 15.3 with
-# these; SmolLM2-135M's whole analysis with these everywhere was 15-40% slower, its summary is 8% of it)
+# while a summary or a certificate runs: arrays above 1 MB mapped per allocation, the heap's free top
+# above 8 MB trimmed (Qwen3-1.7B's first answer, T 0.7 top-k 50: peak 16.9 GB with the retaining
+# thresholds, 15.5 with these; SmolLM2-135M's whole analysis with these everywhere was 15-40% slower,
+# its summary is 8% of it)
 RETURNING = ((_M_MMAP_THRESHOLD, 1 << 20), (_M_TRIM_THRESHOLD, 8 << 20), (_M_TOP_PAD, 0))
 
 _lock = threading.Lock()
 _applied: bool | None = None
-_returning = 0  # summaries running now, in any thread
+_returning = 0  # such stages running now, in any thread
 
 
 def retain_freed_memory() -> bool:

@@ -267,6 +267,7 @@ class Piece:
     """A block of a parameter tensor's rows read as a tensor of its own (``row_pieces``), or all of it."""
 
     tensor: str
+    shape: tuple[int, ...]  # the piece's own
     rows: tuple[int, int] | None = None  # start, stop along the first dimension; None: the whole tensor
     offset: int = 0  # the flat index of its first value in the tensor
 
@@ -276,11 +277,21 @@ def row_pieces(name: str, shape: tuple[int, ...], most: int | None = None) -> di
     values (at least one row each), named ``name[start:stop]``; any other as itself, whole."""
     most = PIECE_VALUES if most is None else most
     if math.prod(shape) <= most or len(shape) < 2:
-        return {name: Piece(name)}
+        return {name: Piece(name, shape)}
     row = math.prod(shape[1:])
     step = max(1, most // row)
     bounds = [(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
-    return {f"{name}[{start}:{stop}]": Piece(name, (start, stop), start * row) for start, stop in bounds}
+    return {
+        f"{name}[{start}:{stop}]": Piece(name, (stop - start, *shape[1:]), (start, stop), start * row)
+        for start, stop in bounds
+    }
+
+
+def pieces_of(shapes: Mapping[str, tuple[int, ...]], most: int | None = None) -> dict[str, Piece]:
+    """``row_pieces`` of every tensor, in order: each piece by its name."""
+    return {
+        key: piece for name, shape in shapes.items() for key, piece in row_pieces(name, shape, most).items()
+    }
 
 
 @overload

@@ -290,9 +290,6 @@ class TotalsPass:
         tensor = piece.tensor
         kind = module_kind(tensor, self.head_name, self.embedding_name)
         layer = layer_of(tensor, self.embedding_name)
-        if piece.rows is not None:  # the tensor's totals: its pieces' so far
-            so_far = self.piece_totals.setdefault(tensor, _Group())
-            so_far.add(first.totals, numel)
         if piece.offset == 0:
             self.tensors.append(
                 {
@@ -305,7 +302,9 @@ class TotalsPass:
                     "concentration": None,  # the Fisher's named shares in it: a full summary's second pass
                 }
             )
-        if piece.rows is not None:
+        if piece.rows is not None:  # the tensor's totals: its pieces' so far
+            so_far = self.piece_totals.setdefault(tensor, _Group())
+            so_far.add(first.totals, numel)
             self.tensors[-1]["totals"] = so_far.finished()
         for group in (
             self.layers.setdefault(layer, _Group()),

@@ -27,7 +27,7 @@ from workers.fisher.first_moments import (
     Piece,
     Root,
     in_piece,
-    row_pieces,
+    pieces_of,
 )
 from workers.fisher.position import PositionMoments
 from workers.fisher.terms import StatTerms
@@ -63,7 +63,7 @@ def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
             rest[name] = entry
         else:
             total += found
-    pieces = {key: p for name, e in rest.items() for key, p in row_pieces(name, tuple(e.shape)).items()}
+    pieces = pieces_of({name: tuple(entry.shape) for name, entry in rest.items()})
     entries = {key: in_piece(rest[piece.tensor], piece) for key, piece in pieces.items()}
     cache = FormedCache(0)
     moment = FirstMoment(entries, cache, "square")  # each thread forms into one buffer of its own
@@ -313,15 +313,10 @@ class MomentSums:
         """These sums with each tensor of more than ``most`` values (``PIECE_VALUES``) read as blocks of
         its rows (``row_pieces``): a pass over them forms a block's arrays at a time, never a large
         tensor's. Each piece's name, and the tensor it is a piece of."""
-        pieces = {
-            key: p for name in self.names for key, p in row_pieces(name, self.shapes[name], most).items()
-        }
+        pieces = pieces_of({name: self.shapes[name] for name in self.names}, most)
         if all(piece.rows is None for piece in pieces.values()):
             return self, pieces
-        shapes = {}
-        for key, piece in pieces.items():
-            shape = self.shapes[piece.tensor]
-            shapes[key] = shape if piece.rows is None else (piece.rows[1] - piece.rows[0], *shape[1:])
+        shapes = {key: piece.shape for key, piece in pieces.items()}
         tables = {
             table_key: FirstMoment(
                 {
