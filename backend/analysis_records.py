@@ -19,6 +19,7 @@ from backend.service_error import ServiceError
 from backend.settings import Settings
 from backend.store import Store, StoredAnalysis
 from backend.summary import AnalysisSummary
+from backend.vocabulary import CANCELLED
 
 # `AnalysisPublic` serializes `result` last; a cache hit replaces this tail with the stored summary.
 _NULL_RESULT_TAIL = b',"result":null}'
@@ -85,6 +86,7 @@ class AnalysisRecords(ModelCatalog):
             meta = self.store.get_meta(analysis_id)
         retry = meta is None or meta["status"] == JobStatus.failed
         if retry and self.store.claim(analysis_id, queued_meta(job, estimate)):
+            self.store.request_cancel(analysis_id, cancel=False)  # asked again after a cancel: it runs
             self.queue.enqueue(ANALYSIS_FUNCTION, job.model_dump(mode="json"), analysis_id)
         return self._resolve(analysis_id)
 
@@ -100,6 +102,27 @@ class AnalysisRecords(ModelCatalog):
             info, _ = self.resolve_model(job.model)
             body, status = self._public_json(*self.submit_job(info, job.model_copy(update={"rho": True})))
         return body, 200 if status == JobStatus.done else 202
+
+    def cancel_json(self, analysis_id: str) -> tuple[bytes, int]:
+        """Stop an analysis: a queued one fails at once as cancelled (200); a running one is asked to
+        stop and its worker fails it at its next chunk of work (202, stage ``cancelling``); a failed one
+        is answered as it is (200). A finished one is refused (409): its result is the cache's.
+        A sampled response's id cancels the analysis it follows, or its sampling."""
+        analysis_id, stored = self._resolve(analysis_id)
+        assert stored.meta is not None  # _resolve answers 404 for an id with no analysis
+        status = stored.meta["status"]
+        if status == JobStatus.done:
+            raise ServiceError(
+                409, f"analysis {analysis_id} is done: there is nothing to cancel (its result stays cached)"
+            )
+        if status != JobStatus.failed:
+            self.store.request_cancel(analysis_id)
+            if status == JobStatus.queued:
+                self.store.fail(analysis_id, CANCELLED)
+            else:
+                self.store.update_meta(analysis_id, stage="cancelling")
+        body, status = self._public_json(*self._resolve(analysis_id))
+        return body, 202 if status == JobStatus.running else 200
 
     def _resolve(self, analysis_id: str) -> tuple[str, StoredAnalysis]:
         """The analysis an id answers for, and what is stored of it.

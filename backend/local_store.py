@@ -34,6 +34,7 @@ class LocalStore(Store):
         self._summaries: OrderedDict[str, bytes] = OrderedDict()
         self._partials: dict[str, bytes] = {}
         self._rates: dict[str, dict[str, float]] = {}
+        self._cancelled: set[str] = set()
 
     def ping(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -176,6 +177,17 @@ class LocalStore(Store):
             except (FileNotFoundError, ValueError):
                 return []
         return [str(item) for item in ids if isinstance(item, str)][:limit]
+
+    def request_cancel(self, analysis_id: str, cancel: bool = True) -> None:
+        with self._lock:
+            if cancel:
+                self._cancelled.add(analysis_id)
+            else:
+                self._cancelled.discard(analysis_id)
+
+    def cancel_requested(self, analysis_id: str) -> bool:
+        with self._lock:
+            return analysis_id in self._cancelled
 
     def publish_rate(self, worker: str, model_id: str, flops_per_second: float) -> None:
         with self._lock:

@@ -103,6 +103,25 @@ def read_analysis(analysis_id: AnalysisId, service: Service) -> Response:
     return JsonBytes(service.get_json(analysis_id))
 
 
+@api.delete(
+    "/analyses/{analysis_id}",
+    response_model=AnalysisPublic,
+    # the token, but no rate limit: a client over its limit can still stop what it started
+    dependencies=[Depends(require_token)],
+    responses={
+        202: {"model": AnalysisPublic, "description": "running: its worker stops at its next chunk of work"},
+        401: COMPUTE["responses"][401],
+    },
+)
+def cancel_analysis(analysis_id: AnalysisId, service: Service) -> Response:
+    """Cancel a queued or running analysis (a sampled response's id: the analysis it follows). Queued: failed
+    at once with the error `cancelled` (200). Running: asked to stop (202, stage `cancelling`); its worker
+    fails it at its next chunk of directions and takes the next job. Failed: answered as it is. Done: 409,
+    the result stays cached. POSTing the same request again runs it anew."""
+    body, status = service.cancel_json(analysis_id)
+    return JsonBytes(body, status_code=status)
+
+
 @api.get("/analyses/{analysis_id}/overview", response_model=AnalysisOverview)
 def read_overview(analysis_id: AnalysisId, service: Service) -> Response:
     """The finished summary with its first position whole and `position_index` listing every position

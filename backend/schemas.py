@@ -123,12 +123,21 @@ class AnalysisJob(BaseModel):
 class PartialResult(BaseModel):
     """What a running exact analysis has so far: the directions done carry `kept_share` of trace(C_mu)."""
 
-    kept_share: float = Field(..., ge=0.0, le=1.0, description="share of the C_mu trace the result covers")
+    kept_share: float = Field(
+        ...,
+        ge=0.0,
+        le=1.0,
+        description="share of the C_mu trace the result covers (a response's: of the positions' summed "
+        "traces; each position states its own)",
+    )
     result: AnalysisSummary = Field(
         ...,
         description="the summary schema from the directions done: the Fisher of C_mu truncated to them, a "
         "lower bound but on the rows of a tied table that the context reads (their cross term has either "
-        "sign); concentration, top_coordinates and overlap are null until the analysis is done",
+        "sign); concentration, top_coordinates and overlap are null until the analysis is done. A "
+        "response's has every position from the first: first moments, mean shift and chi^2 whole, each "
+        "position's Fisher from its directions so far (exact once the exact pass has finished it); its "
+        "model totals are the first pass's until the analysis is done",
     )
 
 

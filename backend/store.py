@@ -187,6 +187,16 @@ class Store(ABC):
         """Put ``item_id`` first in the bounded list ``index`` (once: an id already there moves up)."""
 
     @abstractmethod
+    def request_cancel(self, analysis_id: str, cancel: bool = True) -> None:
+        """Ask whoever runs (or will run) an analysis to stop at its next chunk of work; ``cancel=False``
+        withdraws the request (the same request POSTed again)."""
+
+    @abstractmethod
+    def cancel_requested(self, analysis_id: str) -> bool:
+        """Why a flag of its own rather than a field of the meta: the worker rewrites the meta at every
+        progress step and would overwrite a field the API set in between."""
+
+    @abstractmethod
     def publish_rate(self, worker: str, model_id: str, flops_per_second: float) -> None:
         """A worker's measured float32 matmul rate for a model, by worker name (its last one)."""
 
@@ -302,6 +312,15 @@ class RedisStore(Store):
     def recent(self, index: str, limit: int = RECENT_LIMIT) -> list[str]:
         raw = self.redis.lrange(f"{self.prefix}:recent:{index}", 0, limit - 1)
         return [item.decode() if isinstance(item, bytes) else str(item) for item in raw]
+
+    def request_cancel(self, analysis_id: str, cancel: bool = True) -> None:
+        if cancel:
+            self.redis.set(self._key("cancel", analysis_id), "1", ex=self.ttl_s)
+        else:
+            self.redis.delete(self._key("cancel", analysis_id))
+
+    def cancel_requested(self, analysis_id: str) -> bool:
+        return bool(self.redis.exists(self._key("cancel", analysis_id)))
 
     def publish_rate(self, worker: str, model_id: str, flops_per_second: float) -> None:
         key = f"{self.prefix}:rates:{model_id}"

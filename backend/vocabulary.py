@@ -49,6 +49,8 @@ RHO_NOT_ASKED = (
     "rho needs the Fisher under p, which this off-policy analysis did not compute (it is computed only "
     "when asked: request field rho, fisherscope analyze --rho, notebook analyze(..., rho=True))"
 )
+# the error of an analysis a DELETE stopped (the API stores it, the dashboard recognizes it)
+CANCELLED = "cancelled (DELETE /api/v1/analyses/{id}); POST the same request again to run it"
 # A pass over the parameters (a summary, the certificate) reads a tensor of more than this many values
 # in blocks of whole rows, so that what it forms of a tensor is a block's: Qwen3-1.7B's embedding table
 # is 1.2 GB per float32 array, and a summary formed three of them at once. SmolLM2-135M's largest tensor

@@ -118,6 +118,11 @@ class ApiClient:
         the analysis itself where it has rho, else the rho request's answer, as `submit` gives it."""
         return self.request("POST", f"/analyses/{quote(analysis_id, safe='')}/rho").json()
 
+    def cancel(self, analysis_id: str) -> dict[str, Any]:
+        """DELETE: a queued analysis fails as cancelled at once, a running one at its next chunk of work;
+        the analysis's record as GET gives it (409, ``ApiError``, when it is already done)."""
+        return self.request("DELETE", f"/analyses/{quote(analysis_id, safe='')}").json()
+
     def analysis(self, analysis_id: str) -> dict[str, Any]:
         """Status, progress, stage, request, while running the `partial` result so far (read it with
         `partial_result`) and when done the summary as `result` (the figures draw the overview instead)."""

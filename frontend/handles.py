@@ -55,6 +55,8 @@ def handle_from(
         stage = f"partial: {kept_share:.0%} of the C_mu trace"
     else:
         stage = body.get("stage") or status or ""
+    if status not in (DONE, FAILED) and stage != "cancelling":
+        stage += expected_words((body.get("cost") or {}).get("seconds"))
     return {
         "request": request_id,
         "id": body["id"],
@@ -68,6 +70,21 @@ def handle_from(
         "wants_rho": wants_rho,
         "rho": rho_entry(WANTED) if wants_rho and status == DONE and lacks_rho(body) else None,
     }
+
+
+def expected_words(seconds: float | None) -> str:
+    """' · about 1 min 35 s in all': the API's estimate of the whole analysis, at the slowest live
+    worker's measured rate (nothing when the API gave none)."""
+    if seconds is None:
+        return ""
+    whole = max(1, round(float(seconds)))
+    minutes, rest = divmod(whole, 60)
+    return f" · about {f'{minutes} min {rest} s' if minutes else f'{rest} s'} in all"
+
+
+def is_cancellable(handle: Handle | None) -> bool:
+    """Whether the page offers to cancel the analysis: it has an id, and is queued or running."""
+    return bool(handle and handle.get("id") and handle.get("status") not in (DONE, FAILED))
 
 
 def lacks_rho(body: dict[str, Any]) -> bool:

@@ -270,7 +270,20 @@ def page() -> html.Div:
                 className="progress",
                 children=[
                     html.Div(id="progress-bar", className="progress-bar"),
-                    html.Span(id="progress-stage", className="progress-stage"),
+                    html.Span(
+                        className="progress-stage",
+                        children=[
+                            html.Span(id="progress-stage"),
+                            html.Button(
+                                "cancel",
+                                id="cancel",
+                                n_clicks=0,
+                                className="cancel-button",
+                                title="stop this analysis at its next chunk of work (DELETE)",
+                                hidden=True,
+                            ),
+                        ],
+                    ),
                 ],
             ),
             html.Div(

@@ -717,3 +717,56 @@ def check_a_reward_change_reuses_the_fisher(page, url: str) -> None:
     go_to_slide(page, 2)
     wait_for_reading(page, 30_000)
     assert "coffee" in page.inner_text("#slide-reading")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_running_response_draws_its_partial_result_and_is_cancelled(service: Service, browser):
+    """8 tokens drawn from SmolLM2 at T 1, exact (about a minute and a half here): its first partial
+    result draws slides 4, 8 and 9 with every position and says what is still partial, the stage says
+    the expected time, and the cancel button stops the run."""
+    watch = Watch()
+    page = open_page(browser, watch, f"{service.url}/?model=smollm2-135m&prefix={PREFIX}&slide=4")
+    wait_until_done(page, timeout_ms=300_000)
+    page.fill("#temperature", "1")
+    page.fill("#top_k", "")
+    page.fill("#reward", "")
+    page.fill("#method", "exact")
+    page.fill("#sample_tokens", "8")
+    page.fill("#sample_seed", "11")
+    page.click("#sample")
+    page.wait_for_function(
+        "() => (document.querySelector('#slide-reading')?.innerText || '').startsWith('Still computing')",
+        timeout=300_000,
+    )
+    assert "in all" in page.inner_text("#progress-stage")  # the estimate, beside the stage
+    assert page.is_visible("#cancel")
+    bars = next(trace for trace in plotted(page, "slide-graph") if trace["type"] == "bar")
+    drawn = len(response_chip_ids(page))
+    assert len(bars["y"]) == drawn > 1  # every position, from the first partial on
+    opacity = page.evaluate(
+        "() => document.querySelector('#slide-graph .js-plotly-plot').data"
+        ".find(t => t.type === 'bar').marker.opacity"
+    )
+    assert isinstance(opacity, list) and min(opacity) < 1  # the positions still partial are pale
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator(".slide").screenshot(path=str(SCREENSHOTS / "partial_response_slide_04.png"))
+    for number in (8, 9):
+        go_to_slide(page, number)
+        page.wait_for_function(
+            "() => (document.querySelector('#slide-graph .js-plotly-plot')?.data || []).length > 0"
+        )
+        assert has_points(plotted(page, "slide-graph")), f"slide {number} drew no figure"
+        assert page.inner_text("#slide-reading").startswith("Still computing")
+        page.locator(".slide").screenshot(path=str(SCREENSHOTS / f"partial_response_slide_{number:02d}.png"))
+    page.click("#cancel")
+    page.wait_for_function(
+        "() => (document.querySelector('#message')?.innerText || '').includes('was cancelled')",
+        timeout=120_000,
+    )
+    assert page.inner_text("#progress-stage") == "failed" and not page.is_visible("#cancel")
+    page.wait_for_function(  # what stays drawn is named: the cancelled run's last partial result
+        "() => document.querySelector('#shown-banner').innerText.includes('its last partial result')"
+    )
+    page.locator("body").screenshot(path=str(SCREENSHOTS / "cancelled_response.png"))
+    watch.check()

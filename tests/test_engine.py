@@ -237,7 +237,7 @@ def test_a_light_summary_has_the_full_summarys_totals(tiny_random, sampler):
     assert light["layers"] == full["layers"] and light["kinds"] == full["kinds"]
 
 
-def test_a_response_has_no_partial_results_and_a_one_hot_mu_stores_no_fisher(tiny_random):
+def test_a_one_token_response_has_no_partial_results_and_a_one_hot_mu_stores_no_fisher(tiny_random):
     partials: list = []
     job = _job(tiny_random, continuation=" tea", sampler=Sampler(kind=SamplerKind.data))
     analysis = analyze_job(tiny_random, job, Settings(), on_partial=lambda s, k: partials.append(k))
@@ -246,6 +246,27 @@ def test_a_response_has_no_partial_results_and_a_one_hot_mu_stores_no_fisher(tin
     assert analysis.summary["totals"]["fisher"] == 0.0
     named = analysis.summary["concentration"]["fisher"]["at"]
     assert named == {"0.001": 0.0, "0.01": 0.0, "0.05": 0.0, "0.1": 0.0}
+
+
+def test_a_responses_first_partial_summary_has_every_position(tiny_random):
+    """The summaries a running response gives: every position from the first, each position's kept
+    share, exact positions as the exact pass finishes them (``tests/test_response_partials.py`` checks
+    the numbers)."""
+    partials: list[tuple[dict, float]] = []
+    job = _job(tiny_random, continuation=" and a slice of cake", sampler=Sampler(temperature=0.7, top_k=50))
+    analysis = analyze_job(tiny_random, job, Settings(), on_partial=lambda s, k: partials.append((s, k)))
+    final = analysis.summary
+    positions = len(job.continuation_ids)
+    assert positions > 1 and partials
+    first, kept = partials[0]
+    assert len(first["positions"]) == positions and first["response"]["T"] == positions
+    assert 0 < kept < 1 and first["method"]["kept_share"] < 1
+    assert first["concentration"] is None and first["top_coordinates"] is None
+    # chi^2 and the mean shift along the response need no Fisher direction: complete in the first
+    assert first["response"]["chi2"] == final["response"]["chi2"]
+    shift = first["response"]["shift_growth"]["accumulated_shift_sq"]
+    assert shift == pytest.approx(final["response"]["shift_growth"]["accumulated_shift_sq"], rel=1e-6)
+    assert [k for _, k in partials] == sorted(k for _, k in partials)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

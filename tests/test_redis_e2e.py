@@ -1,6 +1,6 @@
 """End to end over the real Redis (db 12) through a real `fisherscope worker` process on tiny-random:
 results and pooled views, cache hits that do not run the engine again, concurrent identical requests
-computed once, and the safetensors download computed on demand.
+computed once, the safetensors download computed on demand, and a cancel that frees the worker.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from backend.queue import RedisQueue, ThreadQueue
 from backend.schemas import AnalysisJob
 from backend.settings import Settings
 from backend.store import RedisStore
+from backend.vocabulary import CANCELLED
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/12"
@@ -179,3 +180,28 @@ def test_the_worker_publishes_its_rate_and_estimates_use_it(service) -> None:
     expected = estimate_cost(info, job, rate, settings.engine_memory_bytes)
     assert queued.json()["cost"]["seconds"] == pytest.approx(expected.seconds)
     wait_done(client, queued.json()["id"])
+
+
+def test_a_cancelled_analysis_stops_and_frees_the_worker(service) -> None:
+    """A long response, cancelled while its directions run: the worker process stops it within a chunk
+    (long before it would have finished) and computes the next request."""
+    client, store = service
+    words = " and then she went to the shop to buy some bread" * 2  # 44 tokens: about 10 s here
+    sampler = {"temperature": 0.7}
+    body = {"model": "tiny-random", "prefix": "She drank a cup of", "continuation": words, "sampler": sampler}
+    body["rho"] = True
+    analysis_id = client.post("/api/v1/analyses", json=body).json()["id"]
+    deadline = time.monotonic() + 120
+    while (answer := client.get(f"/api/v1/analyses/{analysis_id}").json())["stage"] != "directions":
+        assert answer["status"] in ("queued", "running") and time.monotonic() < deadline, answer
+        time.sleep(0.05)
+    asked = time.monotonic()
+    cancel = client.delete(f"/api/v1/analyses/{analysis_id}")
+    assert cancel.status_code == 202 and cancel.json()["stage"] == "cancelling", cancel.text
+    stopped = wait_done(client, analysis_id)
+    assert stopped["status"] == "failed" and stopped["error"] == CANCELLED
+    stopped_after = time.monotonic() - asked
+    assert stopped["progress"] < 0.85  # still among the directions when it stopped
+    assert not store.cancel_requested(analysis_id)  # the worker withdrew the request once it stopped
+    nxt = client.post("/api/v1/analyses", json={"model": "tiny-random", "prefix": "After a cancel"})
+    assert wait_done(client, nxt.json()["id"])["status"] == "done", stopped_after

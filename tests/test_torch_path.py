@@ -86,9 +86,11 @@ def test_the_torch_path_gives_what_the_compiled_loops_give(tiny_random, case, mo
                 msg=lambda m, s=stat, n=name: f"{s} {n}: {m}",
             )
     assert_same_summary(torch_path.summary, compiled.summary)
-    assert len(torch_partials) == len(compiled_partials) == (0 if request.continuation_ids else 1)
-    for got_partial, want_partial in zip(torch_partials, compiled_partials, strict=True):
-        assert_same_summary(got_partial, want_partial)
+    # a prefix's first chunk; a response's first pass, then positions as they finish (as time allows)
+    if not request.continuation_ids:
+        assert len(torch_partials) == len(compiled_partials) == 1
+    assert torch_partials and compiled_partials
+    assert_same_summary(torch_partials[0], compiled_partials[0])
 
     pooled = compiled.pooled()
     assert set(torch_pooled) == set(pooled)

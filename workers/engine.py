@@ -39,7 +39,12 @@ from workers.streamed_safetensors import Planned, write_streamed
 ProgressCallback = Callable[[str, float], None]
 PartialCallback = Callable[[dict, float], None]  # (light summary, kept share of trace(C_mu))
 # the fraction of the progress bar each stage spans
-_STAGES = {"forward": (0.0, 0.05), "directions": (0.05, 0.85), "summary": (0.85, 1.0)}
+_STAGES = {
+    "forward": (0.0, 0.05),
+    "first pass": (0.05, 0.1),  # a response's, with partial results (``response._FirstPass``)
+    "directions": (0.1, 0.85),
+    "summary": (0.85, 1.0),
+}
 CURVE_STATS = ("fisher", "uncentered", "raw")
 
 
@@ -170,13 +175,21 @@ class _Partials:
         self.loaded, self.request, self.reward, self.deliver = loaded, request, reward, deliver
         self.last = -math.inf
         self.cost = 0.0
+        # the model's part of the last summary, and the sums it was taken of: a response's later partials
+        # hold the same sums (its first pass's) with more exact positions
+        self.whole: tuple[object, dict] | None = None
 
     def __call__(self, snapshot: Callable[[], SequenceAnalysis], kept_share: float) -> None:
         now = time.perf_counter()
         if now - self.last < max(self.MIN_INTERVAL_S, self.COST_MULTIPLE * self.cost) or kept_share >= 0.99:
             return
         layout = HeadLayout.of(self.loaded.model)
-        summary = build_summary(self.loaded, self.request, snapshot(), layout, self.reward, light=True)
+        sequence = snapshot()
+        if self.whole is None or self.whole[0] is not sequence.sums:
+            self.whole = (sequence.sums, model_part(sequence, layout, light=True))
+        summary = build_summary(
+            self.loaded, self.request, sequence, layout, self.reward, light=True, whole=self.whole[1]
+        )
         self.cost = time.perf_counter() - now
         self.last = time.perf_counter()
         self.deliver(summary, kept_share)
@@ -274,6 +287,12 @@ def with_reward(
     return out, out_pooled
 
 
+def model_part(sequence: SequenceAnalysis, layout: HeadLayout, light: bool = False) -> dict:
+    """The summary's part about the whole model (``model_summary``) of ``sequence``'s sums."""
+    with returning_freed_memory():
+        return model_summary(sequence.sums, layout.head_name, layout.embedding_name, CURVE_STATS, light=light)
+
+
 def build_summary(
     loaded: LoadedModel,
     request: AnalysisRequest,
@@ -282,18 +301,18 @@ def build_summary(
     reward: torch.Tensor | None,
     light: bool = False,
     directions_per_process: list[int] | None = None,
+    whole: dict | None = None,
 ) -> dict:
     """The summary of ``sequence``; ``directions_per_process``: the directions each process ran (under
-    torchrun; alone, this one's)."""
+    torchrun; alone, this one's); ``whole``: the model's part (``model_summary``) when already taken of
+    these sums."""
     per_process = directions_per_process or [sequence.directions]
     decode = loaded.decode_token
     info = loaded.info
     sampler = request.sampler
     method = request.method
-    with returning_freed_memory():
-        whole = model_summary(
-            sequence.sums, layout.head_name, layout.embedding_name, CURVE_STATS, light=light
-        )
+    if whole is None:
+        whole = model_part(sequence, layout, light)
     positions = [position_summary(r, i, decode, reward) for i, r in enumerate(sequence.positions)]
     first = sequence.positions[0]
 

@@ -26,7 +26,7 @@ from backend.schemas import AnalysisJob, ExportChoice
 from backend.settings import Settings, get_settings
 from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
 from backend.summary import checked_summary
-from backend.vocabulary import STATS, EngineKind
+from backend.vocabulary import CANCELLED, STATS, EngineKind
 from workers.commands.processes import launched_by_torchrun, together
 from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
 from workers.exports import Float16Overflow, write_export
@@ -233,19 +233,43 @@ def sample_response(loaded: LoadedModel, job: AnalysisJob) -> list[int]:
     )
 
 
+class AnalysisCancelled(Exception):
+    """A DELETE asked for this analysis to stop (``Store.request_cancel``)."""
+
+
+def watched_progress(store: Store, analysis_id: str, *requested: str) -> ProgressCallback:
+    """The job's progress into its record, stopping the job (``AnalysisCancelled``) at the first report
+    after a cancel of it, or of the request it answers (a sampled response's): the engine reports after
+    every chunk of directions, so a cancelled analysis stops within a chunk."""
+    watched = (analysis_id, *requested)
+
+    def progress(stage: str, fraction: float) -> None:
+        if any(store.cancel_requested(key) for key in watched):
+            raise AnalysisCancelled(CANCELLED)
+        store.set_progress(analysis_id, stage, fraction)
+
+    return progress
+
+
 def execute_analysis(
     job: AnalysisJob, store: Store, settings: Settings, pool: ModelPool | None = None
 ) -> None:
     """Run `job` and store its summary and pooled views; any failure is stored as a readable error.
 
     A job with a response to sample draws it first; the analysis then runs under the concrete job's id.
+    A job cancelled while queued is skipped; one cancelled while running fails as cancelled.
     """
+    requested = job.key()
+    if store.cancel_requested(requested):
+        store.request_cancel(requested, cancel=False)  # failed by the DELETE already
+        return
     if job.continuation_sample is not None:
         concrete = draw_response(job, store, settings, pool or model_pool())
         if concrete is None:
             return
         job = concrete
     analysis_id = job.key()
+    progress = watched_progress(store, analysis_id, requested)
     with leased(store, analysis_id):  # the lease first: running without one reads as a dead worker
         store.update_meta(analysis_id, status="running", stage="load", progress=0.0, error=None)
         try:
@@ -263,7 +287,7 @@ def execute_analysis(
                     loaded,
                     job,
                     settings,
-                    lambda stage, p: store.set_progress(analysis_id, stage, p),
+                    progress,
                     flops_per_second=rate,
                     on_partial=lambda summary, kept: store.save_partial(
                         analysis_id, {"kept_share": kept, "result": checked_summary(summary)}
@@ -283,6 +307,9 @@ def execute_analysis(
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):
                 raise
+        finally:
+            for key in {analysis_id, requested}:
+                store.request_cancel(key, cancel=False)
 
 
 def repeat_analysis(job: AnalysisJob) -> Callable[[], object]:
@@ -372,6 +399,8 @@ def _write_choice(
 
 
 def _reason(error: BaseException) -> str:
+    if isinstance(error, AnalysisCancelled):
+        return CANCELLED
     if type(error).__name__ == "JobTimeoutException":
         return "the analysis ran past the job timeout (FISHERSCOPE_JOB_TIMEOUT_S); try a cheaper method"
     text = str(error).strip().splitlines()

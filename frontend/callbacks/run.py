@@ -19,13 +19,14 @@ import dash
 from dash import Input, Output, State, ctx, html
 from dash.exceptions import PreventUpdate
 
-from backend.vocabulary import LANDING_CONTINUATION, LANDING_PREFIX
+from backend.vocabulary import CANCELLED, LANDING_CONTINUATION, LANDING_PREFIX
 from frontend.api_client import ApiClient, ApiError, partial_result
 from frontend.callbacks.controls import CONTROL_IDS, message_block, state_from_controls
 from frontend.handles import (
     FAILED,
     Handle,
     handle_from,
+    is_cancellable,
     is_settled,
     is_stale,
     progress_style,
@@ -58,6 +59,7 @@ def register(app: dash.Dash, api: ApiClient, summaries: Summaries) -> None:
     for side in SIDES:
         register_tracking(app, api, summaries, side)
     register_progress(app)
+    register_cancel(app, api)
     register_shown(app)
 
 
@@ -225,11 +227,51 @@ def register_progress(app: dash.Dash) -> None:
         return progress_style(handle.get("progress")), stage_line(handle), failure(handle, "analysis")
 
 
+def register_cancel(app: dash.Dash, api: ApiClient) -> None:
+    """The cancel button beside the stage, while the main analysis is queued or running: a DELETE, after
+    which the poll follows the analysis to its end (failed, as cancelled, within a chunk of work)."""
+
+    @app.callback(Output("cancel", "hidden"), Input("analysis", "data"))
+    def show_cancel(handle: Handle | None) -> bool:
+        return not is_cancellable(handle)
+
+    @app.callback(
+        Output("analysis", "data", allow_duplicate=True),
+        Input("cancel", "n_clicks"),
+        State("analysis", "data"),
+        prevent_initial_call=True,
+    )
+    def cancel(clicks: int, handle: Handle | None):
+        if not clicks or not is_cancellable(handle):
+            raise PreventUpdate
+        assert handle is not None
+        return cancelled(api, handle)
+
+
+def cancelled(api: ApiClient, handle: Handle) -> Handle:
+    """The handle after a DELETE of its analysis: failed at once (it was queued) or cancelling (its
+    worker stops within a chunk; the poll goes on until it has); a refusal is said on the stage line."""
+    try:
+        body = api.cancel(handle["id"])
+    except ApiError as error:  # done meanwhile (409), or the API away: the next poll says which
+        return {**handle, "stage": f"could not cancel: {error}"}
+    return handle_from(
+        body,
+        handle["request"],
+        sample=handle.get("sample"),
+        query=handle.get("query"),
+        wants_rho=handle.get("wants_rho", True),
+    )
+
+
 def failure(handle: Handle, what: str) -> Any:
     """The message area for a failed analysis (the API's reason), else no change."""
     if handle.get("status") != FAILED:
         return dash.no_update
-    return [html.Div(f"the {what} failed: {handle.get('error') or 'no reason given'}")]
+    error = handle.get("error") or "no reason given"
+    if error == CANCELLED:
+        return [html.Div(f"the {what} was cancelled; press Run (or Sample) to run it again")]
+    return [html.Div(f"the {what} failed: {error}")]
 
 
 def register_shown(app: dash.Dash) -> None:
@@ -258,7 +300,11 @@ def banner(view: View | None, handle: Handle | None, controls: list[Any], slide:
     what = describe(shown) if shown else f"analysis {view['id'][:12]}…"
     changed = differing(shown, wanted) if shown else []
     reasons = []
-    if handle and handle.get("status") == FAILED:
+    if handle and handle.get("status") == FAILED and view.get("id") == handle.get("id"):
+        reasons.append(
+            "the run stopped before it finished (see the message above); this is its last partial result"
+        )
+    elif handle and handle.get("status") == FAILED:
         reasons.append("the last run failed; this is the analysis before it")
     elif is_stale(handle, view):
         assert handle is not None

@@ -17,6 +17,7 @@ from frontend.api_client import ApiError
 from frontend.layout import CENTERING_LABELS
 from frontend.plots import message_figure
 from frontend.slides import SLIDES
+from frontend.slides.common import partial_response_words
 from frontend.state import CENTERINGS, N_SLIDES
 from frontend.summaries import Summaries, View
 
@@ -91,6 +92,7 @@ def slide_view(summary: AnalysisSummary | None, slide: int, centering: str, why:
         figure, reading = message_figure(why), ""
     else:
         figure, reading = module.figure(summary, centering), module.reading(summary, centering)
+        reading = partial_response_words(summary) + reading
     return counter, module.TITLE, module.CLAIM, module.FORMULA, figure, reading
 
 

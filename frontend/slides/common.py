@@ -64,3 +64,26 @@ def sampler_settings(summary: AnalysisSummary) -> list[str]:
         *([f"top-k {sampler.top_k}"] if sampler.top_k else []),
         *([f"top-p {sampler.top_p:g}"] if sampler.top_p < 1.0 else []),
     ]
+
+
+def partial_positions(summary: AnalysisSummary) -> list[bool]:
+    """Per response position, whether its Fisher is still partial: a running exact analysis's partial
+    result (no concentration yet) whose position carries less than its whole trace(C_mu). Empty for a
+    prefix, a finished analysis, or a method that never takes the whole trace."""
+    if summary.concentration is not None or summary.response is None or summary.method.name != "exact":
+        return []
+    return [position.kept_share < 1 for position in summary.positions]
+
+
+def partial_response_words(summary: AnalysisSummary) -> str:
+    """What a running response's partial result holds, before a slide's own reading."""
+    partial = partial_positions(summary)
+    if not any(partial):
+        return ""
+    least = min(p.kept_share for p, still in zip(summary.positions, partial, strict=True) if still)
+    exact = len(partial) - sum(partial)
+    return (
+        f"Still computing: {exact} of {len(partial)} positions are exact; at the others (pale) the Fisher "
+        f"holds the largest directions of C_μ so far (at least {least:.0%} of its trace), a lower bound. "
+        "The mean shift, χ² and the first moments are complete at every position. "
+    )

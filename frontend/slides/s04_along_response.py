@@ -8,7 +8,7 @@ from backend.summary import AnalysisSummary
 from frontend.explorer import response_series
 from frontend.numbers import percent
 from frontend.plots import LAYOUT, message_figure, response_labels, token_label
-from frontend.slides.common import no_response, num
+from frontend.slides.common import no_response, num, partial_positions
 
 TITLE = "4. Along the response: the Fisher adds up"
 CLAIM = "Across positions the cross terms average to zero, so the Fisher is a sum of token Fishers."
@@ -35,7 +35,9 @@ def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
         )
     labels = response_labels(summary)
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=labels, y=per_position, name=f"{label} at the position"))
+    partial = partial_positions(summary)
+    opacity = [0.4 if still else 1.0 for still in partial] or None  # pale: still partial
+    fig.add_trace(go.Bar(x=labels, y=per_position, name=f"{label} at the position", marker_opacity=opacity))
     fig.add_trace(go.Scatter(x=labels, y=running, name="running sum", mode="lines+markers"))
     fig.update_layout(
         **LAYOUT,

@@ -29,6 +29,25 @@ class SecondMomentPlan:
     # C_q): any vector, a probe's included, is the sum of its coordinates on them
     complete_basis: bool = False
 
+    def leading(self, count: int) -> SecondMomentPlan:
+        """The plan cut to its first ``count`` directions (the largest, for exact and truncated): what a
+        first chunk of directions gives. Probes keep their basis, so a probe's row is summed over the
+        directions kept, as a partial result's is."""
+        if count >= self.vectors.shape[0]:
+            return self
+        total = float(self.weights.sum())
+        share = float(self.weights[:count].sum()) / total if total > 0 else 1.0
+        kept_share = self.kept_share * share
+        return SecondMomentPlan(
+            vectors=self.vectors[:count],
+            weights=self.weights[:count],
+            head_coefficient=self.head_coefficient,
+            probes=self.probes,
+            kept_share=kept_share,
+            missing_estimate=(1 - kept_share) / kept_share if kept_share > 0 else 0.0,
+            complete_basis=self.complete_basis,
+        )
+
 
 def second_moment_plan(
     q: torch.Tensor,

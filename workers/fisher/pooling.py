@@ -63,6 +63,14 @@ def pooled_view(
     index_add_ per tensor). ``share``: the view of the terms' ``extra_share()`` (rho), formed the same
     way (SmolLM2's rho: 0.21 s formed by torch's ops first).
     """
+    return pooled_view_and_total(value, max_rows, max_cols, share)[0]
+
+
+def pooled_view_and_total(
+    value: torch.Tensor | StatTerms, max_rows: int = 128, max_cols: int = 128, share: bool = False
+) -> tuple[dict, float]:
+    """``pooled_view`` and the tensor's total, the float64 sum of its block sums: one pass for both
+    (a float64 ``sum`` of a float32 tensor besides took 0.6 s per response position on SmolLM2)."""
     terms = value if isinstance(value, StatTerms) else StatTerms(value.detach())
     rows, cols = grid_shape(tuple(terms.base.shape))
     row_edges, col_edges = block_edges(rows, max_rows), block_edges(cols, max_cols)
@@ -71,12 +79,13 @@ def pooled_view(
     else:
         values = terms.extra_share() if share else terms.formed()
         pooled = block_sums_with_torch(values.reshape(rows, cols), row_edges, col_edges).cpu().numpy()
-    return {
+    view = {
         "shape": list(pooled.shape),
         "row_edges": list(row_edges),
         "col_edges": list(col_edges),
         "values": pooled.astype(np.float32),
     }
+    return view, float(pooled.sum())
 
 
 def zero_view(shape: tuple[int, ...], max_rows: int = 128, max_cols: int = 128) -> dict:

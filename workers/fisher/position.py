@@ -141,8 +141,12 @@ def position_moments(
     memory_budget_bytes: int,
     progress: Callable[[float], None] | None = None,
     on_partial: PartialCallback | None = None,
+    planned: FisherPlans | None = None,
 ) -> PositionMoments:
     """Every base moment at the last position of ``inputs.context_ids``.
+
+    ``planned``: this position's ``fisher_plans``, when already made (a response's first pass makes
+    them, cut to a first chunk of directions by ``FisherPlans.leading``, and its exact pass reuses them).
 
     ``on_partial(moments, kept_share)``, when given, is called after each chunk of directions but the
     last: ``moments()`` assembles what the directions so far give (the result of C_q truncated to them:
@@ -154,8 +158,8 @@ def position_moments(
     position = capture.length - 1
     h = capture.hidden[position].detach()
     jacobian = logit_jacobian(capture, position, head_rows(model))
-    table_rows = looked_up_rows(capture, layout.head_name) if layout.tied else []
-    cov_mu, p_row, plans = _fisher_plans(inputs, jacobian, table_rows, method)
+    planned = planned or _fisher_plans(layout, inputs, capture, jacobian, method)
+    cov_mu, p_row, plans = planned.cov_mu, planned.p_row, planned.plans
 
     squares = [SquareGroup(name, plan.vectors, plan.weights) for name, plan in plans.items()]
     linears = [LinearGroup("kbar_mu", cov_mu.mean_row)]
@@ -179,21 +183,47 @@ def position_moments(
     return build(results)
 
 
-def _fisher_plans(
-    inputs: PositionInputs, jacobian: LogitJacobian, table_rows: list[int], method: Method
-) -> tuple[OutputCovariance, torch.Tensor, dict[str, SecondMomentPlan]]:
+@dataclass
+class FisherPlans:
     """C_mu, p's mean logit row jbar_p (kbar_p's direction), and the directions of each Fisher:
-    ``fisher`` under mu and, off-policy when asked, ``fisher_p`` under p. C_p itself is formed only for
-    that Fisher: its V d^2 Gram product costs a second per position on SmolLM2."""
+    ``fisher`` under mu and, off-policy when asked, ``fisher_p`` under p."""
+
+    cov_mu: OutputCovariance
+    p_row: torch.Tensor
+    plans: dict[str, SecondMomentPlan]
+
+    def leading(self, count: int) -> FisherPlans:
+        """Each Fisher's plan cut to its first ``count`` directions (``SecondMomentPlan.leading``)."""
+        return FisherPlans(self.cov_mu, self.p_row, {k: p.leading(count) for k, p in self.plans.items()})
+
+
+def fisher_plans(
+    model: nn.Module, inputs: PositionInputs, capture: CapturedForward, method: Method
+) -> FisherPlans:
+    """The plans ``position_moments`` makes at the last position of ``capture`` (to make them once)."""
+    jacobian = logit_jacobian(capture, capture.length - 1, head_rows(model))
+    return _fisher_plans(HeadLayout.of(model), inputs, capture, jacobian, method)
+
+
+def _fisher_plans(
+    layout: HeadLayout,
+    inputs: PositionInputs,
+    capture: CapturedForward,
+    jacobian: LogitJacobian,
+    method: Method,
+) -> FisherPlans:
+    """C_p itself is formed only for the Fisher under p: its V d^2 Gram product costs a second per
+    position on SmolLM2."""
+    table_rows = looked_up_rows(capture, layout.head_name) if layout.tied else []
     cov_mu = output_covariance(jacobian, inputs.mu)
     plans = {"fisher": second_moment_plan(inputs.mu, cov_mu, jacobian, table_rows, method)}
     if inputs.on_policy:
-        return cov_mu, cov_mu.mean_row, plans
+        return FisherPlans(cov_mu, cov_mu.mean_row, plans)
     if not inputs.fisher_under_p:
-        return cov_mu, mean_logit_row(jacobian, inputs.p), plans
+        return FisherPlans(cov_mu, mean_logit_row(jacobian, inputs.p), plans)
     cov_p = output_covariance(jacobian, inputs.p)
     plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
-    return cov_mu, cov_p.mean_row, plans
+    return FisherPlans(cov_mu, cov_p.mean_row, plans)
 
 
 def _reward_direction(

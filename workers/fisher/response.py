@@ -2,7 +2,8 @@
 
 Each position is analysed on its own context (the exact cost therefore grows with the square of the
 response length), folded into running sums, and dropped, so memory stays at one position's moments
-plus the sums. The per-position scalars every summary needs are kept as they go.
+plus the sums. The per-position scalars every summary needs are kept as they go. When partial results
+are asked for, a cheap first pass over every position comes first (``_FirstPass``).
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ from torch import nn
 
 from backend.vocabulary import Method
 from workers.fisher.capture import CapturedForward, capture_forward
+from workers.fisher.directions import first_chunk_directions
 from workers.fisher.position import (
+    FisherPlans,
     HeadLayout,
     PartialCallback,
     PositionInputs,
     PositionMoments,
+    fisher_plans,
     position_moments,
 )
 from workers.fisher.sampler import Sampler, model_distribution, sampler_distribution
+from workers.fisher.shards import current_shard
 from workers.fisher.stats import MomentSums, square_total_of
 
 Progress = Callable[[str, float], None]
@@ -171,9 +176,11 @@ def analyze_sequence(
     ``fisher_under_p``: off the policy, also the second moment under p at every position (d_model
     directions more each, which only rho needs); without it rho is not known (``MomentSums.has_rho``).
 
-    ``on_partial(snapshot, kept_share)``: for a prefix (one position), called after each chunk of
-    directions but the last; ``snapshot()`` is the analysis the directions so far give, to be read
-    before ``on_partial`` returns. ``observe(moments)``: each position's moments before the running
+    ``on_partial(snapshot, kept_share)``: ``snapshot()`` is an analysis of what is done so far, to be read
+    before ``on_partial`` returns. For a prefix (one position), after each chunk of directions but the
+    last. For a response (one process), first after a pass over every position (``_FirstPass``), then
+    after each position the exact pass finishes; ``kept_share`` is the share of the response's summed
+    trace(C_mu) the directions carry. ``observe(moments)``: each position's moments before the running
     sums take them over (read, never keep or modify).
     """
     layout = HeadLayout.of(model)
@@ -181,8 +188,21 @@ def analyze_sequence(
     report("forward", 0.0)
     forward = SequenceForward.run(model, prefix_ids, continuation_ids, sampler, engine_model)
     n_positions = forward.positions
-    sums = MomentSums(layout.names, layout.shapes)
-    result = SequenceAnalysis(sums)
+    result = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
+    first_pass = None
+    if on_partial is not None and n_positions > 1 and current_shard() is None:
+        sft = log_likelihood_gradient(model, prefix_ids, continuation_ids) if sampler.kind == "data" else None
+        first_pass = _FirstPass.run(
+            forward, layout, method, reward, fisher_under_p, memory_budget_bytes, sft, report
+        )
+        on_partial(first_pass.snapshot, first_pass.kept_share())
+        # its first moments are whole: the exact pass adds the second moments only
+        first = first_pass.analysis
+        result = SequenceAnalysis(
+            first.sums.second_moments_over(),
+            accumulated_shift_sq=list(first.accumulated_shift_sq),
+            sft_gradient=sft,
+        )
     for t in range(n_positions):
         target = forward.target(t)
         p, mu = forward.distributions(t)
@@ -203,13 +223,101 @@ def analyze_sequence(
             memory_budget_bytes=memory_budget_bytes,
             progress=chunk_progress,
             on_partial=partial,
+            planned=None if first_pass is None else first_pass.take_plans(t),
         )
         del capture
-        _fold_position(result, _record(inputs, moments, target), moments, sampler.is_on_policy, observe)
+        record = _record(inputs, moments, target)
+        if first_pass is None:
+            _fold_position(result, record, moments, sampler.is_on_policy, observe)
+        else:
+            _fold_second_moments(result, record, moments, observe)
         del moments
-    if sampler.kind == "data" and continuation_ids.numel():
+        if first_pass is not None and on_partial is not None and t + 1 < n_positions:
+            first_pass.finished(t, record)
+            on_partial(first_pass.snapshot, first_pass.kept_share())
+    del first_pass  # its sums: before the caller's summary of the exact ones
+    if sampler.kind == "data" and continuation_ids.numel() and result.sft_gradient is None:
         result.sft_gradient = log_likelihood_gradient(model, prefix_ids, continuation_ids)
     return result
+
+
+@dataclass
+class _FirstPass:
+    """A response's first pass: every position with its first moments, the head's closed forms and the
+    first chunk of its Fisher's directions (the largest eigenvalues of C_mu), folded into sums of their
+    own. Its snapshot is a partial result that covers every position: first moments, mean shift, policy
+    gradient, chi^2 and the SFT identity complete, each Fisher a lower bound (but on a tied table's
+    context rows) with its position's kept share. As the exact pass finishes positions, their records
+    replace the first pass's; the model's totals stay the first pass's until the exact result.
+
+    Why a pass of its own rather than positions in rounds: the exact pass must see each position's
+    whole Fisher at once (the bound and the kept roots take its square root), and keeping a paused
+    position's sums would hold a parameter-sized array per position. What it costs: its first chunk
+    again, ``first_chunk_directions`` per position (4 of ~576 at 20 tokens on SmolLM2), and forming
+    each position's truncated Fisher. Each position's plans (C_mu's V d^2 Gram product and its
+    eigendecomposition) are made once for both passes, and its first moments are folded once: the
+    exact pass's sums take the first pass's over (``MomentSums.second_moments_over``).
+    """
+
+    analysis: SequenceAnalysis
+    traces: list[float]
+    # each position's plans (C_mu and its eigen-directions: d x d), made once for both passes
+    plans: list[FisherPlans | None]
+
+    @classmethod
+    def run(
+        cls,
+        forward: SequenceForward,
+        layout: HeadLayout,
+        method: Method,
+        reward: torch.Tensor | None,
+        fisher_under_p: bool,
+        memory_budget_bytes: int,
+        sft_gradient: dict[str, torch.Tensor] | None,
+        report: Progress,
+    ) -> _FirstPass:
+        sampler = forward.sampler
+        analysis = SequenceAnalysis(MomentSums(layout.names, layout.shapes), sft_gradient=sft_gradient)
+        plans: list[FisherPlans | None] = []
+        for t in range(forward.positions):
+            p, mu = forward.distributions(t)
+            inputs = PositionInputs(forward.context(t), p, mu, reward, sampler.is_on_policy, fisher_under_p)
+            capture = capture_forward(forward.model, inputs.context_ids)
+            planned = fisher_plans(forward.model, inputs, capture, method)
+            moments = position_moments(
+                forward.model,
+                inputs,
+                method,
+                capture,
+                memory_budget_bytes=memory_budget_bytes,
+                planned=planned.leading(first_chunk_directions(capture.length)),
+            )
+            del capture
+            record = _record(inputs, moments, forward.target(t))
+            _fold_position(analysis, record, moments, sampler.is_on_policy)
+            plans.append(planned)
+            report("first pass", (t + 1) / forward.positions)
+        return cls(analysis, [float(r.cov_eigenvalues.sum()) for r in analysis.positions], plans)
+
+    def take_plans(self, t: int) -> FisherPlans | None:
+        """Position t's plans, handed over once to the exact pass."""
+        planned, self.plans[t] = self.plans[t], None
+        return planned
+
+    def finished(self, t: int, record: PositionRecord) -> None:
+        """Position t is exact: its record replaces the first pass's."""
+        self.analysis.positions[t] = record
+
+    def snapshot(self) -> SequenceAnalysis:
+        return self.analysis
+
+    def kept_share(self) -> float:
+        """The share of the positions' summed trace(C_mu) that their directions so far carry."""
+        total = sum(self.traces)
+        kept = sum(
+            r.kept_share * trace for r, trace in zip(self.analysis.positions, self.traces, strict=True)
+        )
+        return kept / total if total > 0 else 1.0
 
 
 def _partial_analysis(
@@ -228,7 +336,7 @@ def _fold_position(
     record: PositionRecord,
     moments: PositionMoments,
     on_policy: bool,
-    observe: Callable[[PositionMoments], None] | None,
+    observe: Callable[[PositionMoments], None] | None = None,
 ) -> None:
     """Keep a position's record, show its moments to ``observe``, then fold them into the running sums
     (and, off the policy, the squared mean shift accumulated so far)."""
@@ -239,6 +347,20 @@ def _fold_position(
     result.sums.add(moments)
     if not on_policy:
         result.accumulated_shift_sq.append(square_total_of(result.sums.sums.get("mean_shift", {})))
+
+
+def _fold_second_moments(
+    result: SequenceAnalysis,
+    record: PositionRecord,
+    moments: PositionMoments,
+    observe: Callable[[PositionMoments], None] | None,
+) -> None:
+    """``_fold_position`` for sums whose first moments a first pass folded in already."""
+    result.positions.append(record)
+    result.directions += moments.directions
+    if observe is not None:
+        observe(moments)
+    result.sums.add_second_moments(moments)
 
 
 def _single(layout: HeadLayout, inputs: PositionInputs, moments: PositionMoments) -> SequenceAnalysis:

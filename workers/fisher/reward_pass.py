@@ -23,7 +23,7 @@ from backend.vocabulary import Sampler
 from workers.fisher.capture import CapturedForward
 from workers.fisher.directions import LinearGroup, backprop_directions
 from workers.fisher.logit_map import logit_jacobian
-from workers.fisher.pooling import pooled_view
+from workers.fisher.pooling import pooled_view_and_total
 from workers.fisher.position import HeadLayout, HeadTerms, PositionMoments, head_rows
 from workers.fisher.response import SequenceForward
 from workers.fisher.stats import square_total
@@ -47,9 +47,7 @@ class FisherRoots:
         totals: dict[str, float] = {}
         pooled: dict[str, np.ndarray] = {}
         for name, fisher in moments.fisher.items():
-            root = fisher.clamp_min(0).sqrt_()
-            totals[name] = float(root.sum(dtype=torch.float64))
-            view = pooled_view(root, *self.grid)
+            view, totals[name] = pooled_view_and_total(fisher.clamp_min(0).sqrt_(), *self.grid)
             pooled[name] = view["values"]
         self.totals.append(totals)
         self.pooled.append(pooled)

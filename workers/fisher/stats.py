@@ -136,6 +136,30 @@ class MomentSums:
                     self._add("bound", name, Factored(self.shapes[name], f.dtype, f.device, (bound,)))
         self.positions += 1
 
+    SECOND_MOMENTS = ("fisher", "fisher_p", "bound")
+
+    def second_moments_over(self) -> MomentSums:
+        """Sums for a second pass over the same positions: these sums' first moments and their squares
+        (whole in a response's first pass), no second moment yet; ``add_second_moments`` adds each
+        position's. The first moments' arrays are shared, and neither sums writes to them again."""
+        tables = {key: table for key, table in self.sums.items() if key not in self.SECOND_MOMENTS}
+        return MomentSums(self.names, self.shapes, tables, self.positions, self.dtype, self.device)
+
+    def add_second_moments(self, m: PositionMoments) -> None:
+        """Fold in one position's second moments only (its Fisher, under p off the policy, and the bound):
+        sums whose first moments came from an earlier pass (``second_moments_over``)."""
+        on_policy = m.kbar_mu is m.kbar_p
+        for name in self.names:
+            f = m.fisher[name]
+            if not m.fisher_zero:
+                self._add("fisher", name, f)
+            if not on_policy and m.fisher_p is not None:
+                self._add("fisher_p", name, m.fisher_p[name])
+            if m.policy_grad is not None and not m.fisher_zero:
+                assert m.reward_std is not None
+                bound = Root(f, m.reward_std)
+                self._add("bound", name, Factored(self.shapes[name], f.dtype, f.device, (bound,)))
+
     def _materialize_squares(self) -> None:
         """Before the second position: the first's small forms become arrays (the bound's reads the
         Fisher, which the second position adds into), and the sums of squares start."""

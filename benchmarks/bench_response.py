@@ -1,0 +1,150 @@
+"""A sampled response through `fisherscope serve`, as the dashboard's Sample button asks for it.
+
+Starts `fisherscope serve` (embedded: API, dashboard and worker in one process, no Redis) on its own
+port and cache, without the landing analysis (its two jobs would queue ahead of the cases), waits for
+it to load SmolLM2 (certificate included), measures the float32 matmul rate at the model's width while
+the service is idle, runs a one-token warm-up, then for each case POSTs the dashboard's own request
+(``frontend.state.to_request``: the landing prefix, exact, seed 0) and polls it every 0.5 s, as the
+dashboard does. It prints the seconds from the POST to:
+
+- the first partial result, and how many of the response's positions it covers;
+- 90% of the trace: the first answer in which every position carries at least 90% of its trace(C_mu)
+  (a partial's, or the exact result);
+- done; and the floor 2 r P T summed over positions (r: a position's exact directions, T its context)
+  at the measured rate, with the ratio of the done time to it.
+
+Cases: `--tokens` (8,16) sampled tokens, each on the policy (T 1) and at T 0.7, top-k 50.
+Usage: .venv/bin/python benchmarks/bench_response.py [--tokens 8,16] [--model smollm2-135m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from frontend.state import DashboardState, to_request  # noqa: E402
+from workers.throughput import measure_width  # noqa: E402
+
+CASES = {"on the policy": {}, "T 0.7, top-k 50": {"temperature": 0.7, "top_k": 50}}
+POLL_S = 0.5  # as the dashboard polls (its dcc.Interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(client: httpx.Client, seconds: float = 300) -> None:
+    """Until /readyz: the default model loaded (and certified) by the service's own preload."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if client.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"bench_response: the service was not ready within {seconds:.0f} s")
+
+
+def min_kept(summary: dict) -> float:
+    return min(position["kept_share"] for position in summary["positions"])
+
+
+def run_case(client: httpx.Client, body: dict) -> dict:
+    """POST ``body`` and follow it to the end: the times of the first partial, 90% and done."""
+    started = time.perf_counter()
+    reply = client.post("/api/v1/analyses", json=body)
+    reply.raise_for_status()
+    analysis_id = reply.json()["id"]
+    found: dict = {"first": None, "first_positions": None, "ninety": None}
+    while True:
+        now = time.perf_counter() - started
+        answer = client.get(f"/api/v1/analyses/{analysis_id}").json()
+        status = answer["status"]
+        shown = answer.get("result") if status == "done" else (answer.get("partial") or {}).get("result")
+        if shown is not None and found["first"] is None and status != "done":
+            found["first"], found["first_positions"] = now, len(shown["positions"])
+        if shown is not None and found["ninety"] is None and min_kept(shown) >= 0.9:
+            found["ninety"] = now
+        if status == "done":
+            found["done"], found["result"] = now, shown
+            return found
+        if status == "failed":
+            raise SystemExit(f"bench_response: the analysis failed: {answer.get('error')}")
+        time.sleep(POLL_S)
+
+
+def floor_seconds(result: dict, rate: float) -> float:
+    """2 r P T over the positions: each position's exact directions back-propagated over its context."""
+    prefix = len(result["tokens"]["prefix"])
+    n_params = result["model"]["n_params"]
+    positions = result["positions"]
+    return sum(2 * p["directions"] * n_params * (prefix + t) / rate for t, p in enumerate(positions))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="8,16", help="sampled tokens per case, comma-separated")
+    parser.add_argument("--model", default="smollm2-135m")
+    args = parser.parse_args()
+    port = free_port()
+    cache = Path(tempfile.mkdtemp(prefix="bench-response-"))
+    # nothing cached from an earlier run: results and exports in a folder of this run's own
+    env = {**os.environ, "FISHERSCOPE_RESULTS_DIR": str(cache / "results")}
+    env["FISHERSCOPE_EXPORTS_DIR"] = str(cache / "exports")
+    # a quiet worker: no landing analysis (and its rho stage) queued ahead of the cases
+    env["FISHERSCOPE_LANDING_ANALYSIS"] = "false"
+    server = subprocess.Popen(
+        [sys.executable, "-c", "from workers.cli import main; main()", "serve", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            wait_ready(client)
+            (info,) = [m for m in client.get("/api/v1/models").json() if m["id"] == args.model]
+            # on a quiet machine: measured while the service loaded its model, it read 82 against 172
+            rate = measure_width("cpu", int(info["d_model"]))
+            print(f"{args.model}: float32 matmul at width {info['d_model']}: {rate / 1e9:.0f} GFLOP/s")
+            warm = to_request(DashboardState(model=args.model, prefix="Hi"))
+            run_case(client, warm)  # loads the model and its certificate
+            for tokens in (int(t) for t in args.tokens.split(",")):
+                for case, sampler in CASES.items():
+                    state = DashboardState(model=args.model, sample_seed=0, sample_tokens=tokens, **sampler)
+                    found = run_case(client, to_request(state))
+                    result = found["result"]
+                    floor = floor_seconds(result, rate)
+                    positions = len(result["positions"])
+                    first = "none" if found["first"] is None else f"{found['first']:.1f} s"
+                    print(
+                        f"  {tokens} tokens ({positions} drawn), {case}: first partial {first} "
+                        f"({found['first_positions']} of {positions} positions), 90% of every position's "
+                        f"trace {found['ninety']:.1f} s, done {found['done']:.1f} s, floor {floor:.1f} s "
+                        f"({found['done'] / floor:.2f}x)"
+                    )
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""A response's partial results: every position in the first, refined position by position to exact.
+
+The first partial is a pass over every position with its first moments whole and its Fisher cut to the
+first chunk of directions (the largest eigenvalues of C_mu); compared here, in float64, with a brute
+force of that truncation: kappa from one backward per token, u = dh/dtheta recovered as pinv(W) kappa
+(the head W has full column rank on these models), and sum_{j<k} lambda_j (v_j^T u)^2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.vocabulary import Method, SamplerKind
+from tests.tiny_models import BUDGET, tiny_llama
+from workers.fisher.directions import first_chunk_directions
+from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
+from workers.fisher.response import SequenceAnalysis, analyze_sequence
+from workers.fisher.sampler import Sampler, warped_distribution
+from workers.fisher.stats import square_total_of
+
+pytestmark = pytest.mark.usefixtures("float64_reference")
+
+# contexts of 6 to 9 tokens: the first chunk is 13 to 8 of the 16 directions of C_mu
+PREFIX = torch.tensor([3, 5, 8, 7, 11, 4])
+RESPONSE = torch.tensor([9, 4, 2, 6])
+
+
+def _truncated_fisher(model, ids: torch.Tensor, mu: torch.Tensor, keep: int) -> dict[str, torch.Tensor]:
+    """The Fisher at the last position of ``ids`` cut to C_mu's ``keep`` largest eigen-directions off
+    the head (whose closed form is whole); the untied head is linear, so j_a = w_a."""
+    logits, kappa = brute_force_logit_sensitivities(model, ids)
+    head = model.get_output_embeddings().weight.detach()  # [V, d]
+    covariance = head.T @ (torch.diag(mu) - torch.outer(mu, mu)) @ head
+    eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
+    lam, vectors = eigenvalues.flip(0)[:keep], eigenvectors.flip(1)[:, :keep]
+    inverse = torch.linalg.pinv(head)  # [d, V]: u = dh/dtheta from kappa = W u
+    exact = brute_force_moments(kappa, torch.softmax(logits, -1), mu, None)["fisher"]
+    out = {}
+    for name, k in kappa.items():
+        if k is kappa.get("lm_head.weight"):
+            out[name] = exact[name]
+            continue
+        u = inverse @ k.reshape(k.shape[0], -1)  # [d, n]
+        out[name] = (lam[:, None] * (vectors.T @ u).square()).sum(0).reshape(k.shape[1:])
+    return out
+
+
+def _partials(model, sampler: Sampler, rho: bool = False) -> tuple[SequenceAnalysis, list[dict]]:
+    """The exact analysis and what each partial held (read before its callback returned)."""
+    seen: list[dict] = []
+
+    def on_partial(snapshot, kept_share: float) -> None:
+        sequence = snapshot()
+        seen.append(
+            {
+                "kept_share": kept_share,
+                "positions": [r.moments_totals["fisher"] for r in sequence.positions],
+                "kept": [r.kept_share for r in sequence.positions],
+                "fisher": {n: v.clone() for n, v in sequence.sums.iter_stat("fisher")},
+                "mean_shift": {n: v.clone() for n, v in sequence.sums.iter_stat("mean_shift")},
+                "accumulated": list(sequence.accumulated_shift_sq),
+                "sft": sequence.sft_gradient,
+            }
+        )
+
+    result = analyze_sequence(
+        model,
+        PREFIX,
+        RESPONSE,
+        sampler,
+        Method(),
+        memory_budget_bytes=BUDGET,
+        on_partial=on_partial,
+        fisher_under_p=rho,
+    )
+    return result, seen
+
+
+def test_the_first_partial_is_every_positions_truncated_fisher_and_its_whole_first_moments():
+    model = tiny_llama(tied=False)
+    sampler = Sampler(temperature=0.7)
+    result, seen = _partials(model, sampler)
+    first = seen[0]
+    assert len(first["positions"]) == RESPONSE.numel()
+    full = torch.cat([PREFIX, RESPONSE])
+    expected: dict[str, torch.Tensor] = {}
+    for t in range(RESPONSE.numel()):
+        ids = full[: PREFIX.numel() + t]
+        logits = model(input_ids=ids[None]).logits[0, -1].detach()
+        keep = first_chunk_directions(ids.numel())
+        assert keep < model.config.hidden_size  # a truncation, not the whole Fisher
+        position = _truncated_fisher(model, ids, warped_distribution(logits, 0.7, None, 1.0), keep)
+        total = sum(float(v.sum()) for v in position.values())
+        assert first["positions"][t] == pytest.approx(total, rel=1e-9)
+        assert first["kept"][t] < 1.0
+        for name, value in position.items():
+            expected[name] = expected[name] + value if name in expected else value
+    for name, value in expected.items():
+        torch.testing.assert_close(first["fisher"][name], value, rtol=1e-9, atol=1e-12)
+    # the first moments are whole at once: the mean shift and its accumulation are the exact result's
+    for name, value in first["mean_shift"].items():
+        torch.testing.assert_close(value, result.sums.stat("mean_shift", name), rtol=1e-12, atol=1e-14)
+    assert first["accumulated"] == pytest.approx(result.accumulated_shift_sq, rel=1e-12)
+
+
+def test_refinement_is_monotone_and_ends_at_the_exact_result():
+    model = tiny_llama(tied=False)
+    sampler = Sampler(temperature=0.7)
+    result, seen = _partials(model, sampler, rho=True)
+    exact = [r.moments_totals["fisher"] for r in result.positions]
+    # the first pass, then one partial per position the exact pass finishes but the last
+    assert len(seen) == RESPONSE.numel()
+    shares = [s["kept_share"] for s in seen]
+    assert shares == sorted(shares) and shares[-1] < 1.0
+    for done, partial in enumerate(seen):
+        for t, total in enumerate(partial["positions"]):
+            if t < done:
+                assert total == exact[t]  # finished: the exact pass's own record
+            else:
+                assert total <= exact[t] * (1 + 1e-12)
+        if done:
+            before = seen[done - 1]["positions"]
+            assert all(a <= b * (1 + 1e-12) for a, b in zip(before, partial["positions"], strict=True))
+    alone = analyze_sequence(model, PREFIX, RESPONSE, sampler, Method(), memory_budget_bytes=BUDGET)
+    assert result.sums.has_rho and alone.sums.has_rho
+    for name, value in alone.sums.iter_stat("fisher"):
+        assert torch.equal(result.sums.stat("fisher", name), value)  # partials change no exact number
+    assert [r.moments_totals for r in alone.positions] == [r.moments_totals for r in result.positions]
+    # the first moments and their squares are the first pass's, taken over (a batch of other directions
+    # rounds them apart at most); every stat is the analysis's without partial results
+    for stat in ("mean_shift", "common", "uncentered", "raw", "rho"):
+        for name, value in alone.sums.iter_stat(stat):
+            torch.testing.assert_close(result.sums.stat(stat, name), value, rtol=1e-10, atol=1e-14)
+    assert result.accumulated_shift_sq == pytest.approx(alone.accumulated_shift_sq, rel=1e-10)
+
+
+def test_the_first_partial_has_the_sft_identity_and_a_tied_tables_first_moments():
+    model = tiny_llama(tied=True)
+    result, seen = _partials(model, Sampler(kind=SamplerKind.data))
+    assert seen and seen[0]["sft"] is not None
+    for name, grad in seen[0]["sft"].items():  # d log pi(y|x)/dtheta, from the first partial on
+        torch.testing.assert_close(seen[0]["mean_shift"][name], grad, rtol=1e-9, atol=1e-11)
+    assert square_total_of(result.sums.sums["mean_shift"]) > 0
