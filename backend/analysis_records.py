@@ -19,7 +19,7 @@ from backend.service_error import ServiceError
 from backend.settings import Settings
 from backend.store import Store, StoredAnalysis
 from backend.summary import AnalysisSummary
-from backend.vocabulary import CANCELLED
+from backend.vocabulary import CANCELLED, CANCELLING
 
 # `AnalysisPublic` serializes `result` last; a cache hit replaces this tail with the stored summary.
 _NULL_RESULT_TAIL = b',"result":null}'
@@ -78,7 +78,13 @@ class AnalysisRecords(ModelCatalog):
         stored = self.store.read(analysis_id)
         meta = stored.meta
         if meta and meta.get("follows"):  # a sampled response already drawn: its own analysis
+            followed = self.store.get_meta(meta["follows"])
+            if followed is not None and followed["status"] == JobStatus.failed and "request" in followed:
+                # asked again after it failed (or was cancelled): the drawn response's analysis runs again
+                return self.submit_job(info, AnalysisJob.model_validate(followed["request"]))
             return self._resolve(analysis_id)
+        if meta and meta["status"] == JobStatus.running and self.store.cancel_requested(analysis_id):
+            self.store.request_cancel(analysis_id, cancel=False)  # asked again while cancelling: it goes on
         if meta and meta["status"] == JobStatus.done:
             if stored.summary_json is not None:
                 return analysis_id, stored  # the cache hit: one store read in all
@@ -105,7 +111,7 @@ class AnalysisRecords(ModelCatalog):
 
     def cancel_json(self, analysis_id: str) -> tuple[bytes, int]:
         """Stop an analysis: a queued one fails at once as cancelled (200); a running one is asked to
-        stop and its worker fails it at its next chunk of work (202, stage ``cancelling``); a failed one
+        stop and its worker fails it at its next report (202, stage ``cancelling``); a failed one
         is answered as it is (200). A finished one is refused (409): its result is the cache's.
         A sampled response's id cancels the analysis it follows, or its sampling."""
         analysis_id, stored = self._resolve(analysis_id)
@@ -119,8 +125,8 @@ class AnalysisRecords(ModelCatalog):
             self.store.request_cancel(analysis_id)
             if status == JobStatus.queued:
                 self.store.fail(analysis_id, CANCELLED)
-            else:
-                self.store.update_meta(analysis_id, stage="cancelling")
+            # a running one's record is the worker's to write (the API writing it too could undo the
+            # worker's last write): its stage reads `cancelling` while the request stands (`_public`)
         body, status = self._public_json(*self._resolve(analysis_id))
         return body, 202 if status == JobStatus.running else 200
 
@@ -143,11 +149,14 @@ class AnalysisRecords(ModelCatalog):
     def _public(self, analysis_id: str, meta: dict | None, result: dict | None) -> AnalysisPublic:
         if meta is None:  # _resolve and submit_id answer 404 before this
             raise ServiceError(404, f"no analysis with id {analysis_id!r}; POST /api/v1/analyses first")
+        stage = meta.get("stage")
+        if meta["status"] == JobStatus.running and self.store.cancel_requested(analysis_id):
+            stage = CANCELLING
         return AnalysisPublic(
             id=analysis_id,
             status=meta["status"],
             progress=meta.get("progress") or 0.0,
-            stage=meta.get("stage"),
+            stage=stage,
             request=AnalysisJob.model_validate(meta["request"]),
             cost=meta.get("cost"),
             error=meta.get("error"),

@@ -51,6 +51,7 @@ RHO_NOT_ASKED = (
 )
 # the error of an analysis a DELETE stopped (the API stores it, the dashboard recognizes it)
 CANCELLED = "cancelled (DELETE /api/v1/analyses/{id}); POST the same request again to run it"
+CANCELLING = "cancelling"  # the stage of a running analysis a DELETE asked to stop
 # A pass over the parameters (a summary, the certificate) reads a tensor of more than this many values
 # in blocks of whole rows, so that what it forms of a tensor is a block's: Qwen3-1.7B's embedding table
 # is 1.2 GB per float32 array, and a summary formed three of them at once. SmolLM2-135M's largest tensor

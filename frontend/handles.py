@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.vocabulary import CANCELLING
 from frontend.summaries import View
 
 Handle = dict[str, Any]
@@ -51,11 +52,13 @@ def handle_from(
         stage = "cached" if cached else "done"
     elif status == FAILED:
         stage = "failed"
+    elif body.get("stage") == CANCELLING:
+        stage = CANCELLING
     elif kept_share is not None:
         stage = f"partial: {kept_share:.0%} of the C_mu trace"
     else:
         stage = body.get("stage") or status or ""
-    if status not in (DONE, FAILED) and stage != "cancelling":
+    if status not in (DONE, FAILED) and stage != CANCELLING:
         stage += expected_words((body.get("cost") or {}).get("seconds"))
     return {
         "request": request_id,

@@ -102,3 +102,18 @@ def test_cancel_a_response_while_it_is_sampled(held) -> None:
     stopped = wait_done(client, request_id)
     assert stopped["status"] == "failed" and stopped["error"] == CANCELLED
     assert stopped["id"] != request_id  # the drawn response's analysis, which the request follows
+    again = client.post("/api/v1/analyses", json=body)  # asked again: the drawn response runs
+    assert again.status_code == 202 and again.json()["id"] == stopped["id"]
+    assert wait_done(client, request_id)["status"] == "done"
+
+
+def test_a_request_posted_again_while_it_is_cancelling_goes_on(held) -> None:
+    client, release = held
+    body = {"model": "tiny-random", "prefix": "A second thought about"}
+    analysis_id = client.post("/api/v1/analyses", json=body).json()["id"]
+    wait_status(client, analysis_id, "running")
+    assert client.delete(f"/api/v1/analyses/{analysis_id}").json()["stage"] == "cancelling"
+    again = client.post("/api/v1/analyses", json=body)
+    assert again.status_code == 202 and again.json()["stage"] != "cancelling"
+    release.set()
+    assert wait_done(client, analysis_id)["status"] == "done"

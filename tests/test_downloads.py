@@ -114,8 +114,8 @@ def check_head(client: TestClient, analysis_id: str) -> None:
     assert missing.status_code == 404 and missing.headers["content-type"] == "application/json"
     post_only = client.head("/api/v1/analyses")
     assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"
-    wrong = client.delete(f"/api/v1/analyses/{analysis_id}")
-    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD"
+    wrong = client.put(f"/api/v1/analyses/{analysis_id}")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "DELETE, GET, HEAD"
     assert "text/html" not in wrong.headers["content-type"]
 
 

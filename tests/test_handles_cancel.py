@@ -43,7 +43,7 @@ def test_the_stage_says_the_expected_time_until_the_analysis_settles():
 def test_cancel_is_offered_while_queued_or_running_and_turns_the_handle():
     handle = handle_from(running(), ANALYSIS)
     assert is_cancellable(handle)
-    api = CancelApi(running(stage="cancelling"))
+    api = CancelApi({**running(stage="cancelling"), "partial": {"kept_share": 0.4, "result": {}}})
     after = cancelled(api, handle)  # running: the worker stops at its next chunk, the poll goes on
     assert api.calls == [ANALYSIS] and after["stage"] == "cancelling" and not is_settled(after)
     stopped = {**running(), "status": "failed", "error": CANCELLED}

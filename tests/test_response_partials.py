@@ -135,10 +135,33 @@ def test_refinement_is_monotone_and_ends_at_the_exact_result():
     assert result.accumulated_shift_sq == pytest.approx(alone.accumulated_shift_sq, rel=1e-10)
 
 
-def test_the_first_partial_has_the_sft_identity_and_a_tied_tables_first_moments():
+def test_a_tied_tables_first_partial_and_the_data_sampler():
+    """Tied: the first partial's first moments are the exact result's. The data sampler's mu is one-hot,
+    so there is no Fisher to wait for and no first pass: the exact pass is the first moments alone."""
     model = tiny_llama(tied=True)
+    result, seen = _partials(model, Sampler(temperature=0.7))
+    for name, value in seen[0]["mean_shift"].items():
+        torch.testing.assert_close(value, result.sums.stat("mean_shift", name), rtol=1e-10, atol=1e-14)
     result, seen = _partials(model, Sampler(kind=SamplerKind.data))
-    assert seen and seen[0]["sft"] is not None
-    for name, grad in seen[0]["sft"].items():  # d log pi(y|x)/dtheta, from the first partial on
-        torch.testing.assert_close(seen[0]["mean_shift"][name], grad, rtol=1e-9, atol=1e-11)
+    assert seen == [] and result.sft_gradient is not None
     assert square_total_of(result.sums.sums["mean_shift"]) > 0
+
+
+def test_once_the_model_part_is_recorded_the_first_passs_second_moments_go():
+    """The reader records the model's part of the first partial's summary; later snapshots carry it and
+    read the exact pass's sums, so the first pass's Fisher is no longer held."""
+    model = tiny_llama(tied=False)
+    snapshots: list[tuple[dict | None, int]] = []
+
+    def on_partial(snapshot, kept_share: float) -> None:
+        sequence = snapshot()
+        if sequence.model_part is None:
+            sequence.model_part = {"recorded": len(snapshots)}
+        snapshots.append((sequence.model_part, id(sequence.sums)))
+
+    result = analyze_sequence(
+        model, PREFIX, RESPONSE, Sampler(temperature=0.7), Method(), memory_budget_bytes=BUDGET,
+        on_partial=on_partial,
+    )  # fmt: skip
+    assert [part for part, _ in snapshots] == [{"recorded": 0}] * RESPONSE.numel()
+    assert {sums for _, sums in snapshots[1:]} == {id(result.sums)}

@@ -175,9 +175,6 @@ class _Partials:
         self.loaded, self.request, self.reward, self.deliver = loaded, request, reward, deliver
         self.last = -math.inf
         self.cost = 0.0
-        # the model's part of the last summary, and the sums it was taken of: a response's later partials
-        # hold the same sums (its first pass's) with more exact positions
-        self.whole: tuple[object, dict] | None = None
 
     def __call__(self, snapshot: Callable[[], SequenceAnalysis], kept_share: float) -> None:
         now = time.perf_counter()
@@ -185,10 +182,10 @@ class _Partials:
             return
         layout = HeadLayout.of(self.loaded.model)
         sequence = snapshot()
-        if self.whole is None or self.whole[0] is not sequence.sums:
-            self.whole = (sequence.sums, model_part(sequence, layout, light=True))
+        if sequence.model_part is None:  # recorded: a response's later partials carry it
+            sequence.model_part = model_part(sequence, layout, light=True)
         summary = build_summary(
-            self.loaded, self.request, sequence, layout, self.reward, light=True, whole=self.whole[1]
+            self.loaded, self.request, sequence, layout, self.reward, light=True, whole=sequence.model_part
         )
         self.cost = time.perf_counter() - now
         self.last = time.perf_counter()

@@ -22,7 +22,7 @@ from backend.cost import estimate_cost
 from backend.disk import evict_to_budget
 from backend.export_choice import EXPORT_FIELD_PREFIX, export_record
 from backend.queue import IN_PROCESS_WORKER
-from backend.schemas import AnalysisJob, ExportChoice
+from backend.schemas import AnalysisJob, ExportChoice, JobStatus
 from backend.settings import Settings, get_settings
 from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
 from backend.summary import checked_summary
@@ -240,8 +240,9 @@ class AnalysisCancelled(Exception):
 def watched_progress(store: Store, analysis_id: str, *requested: str) -> ProgressCallback:
     """The job's progress into its record, stopping the job (``AnalysisCancelled``) at the first report
     after a cancel of it, or of the request it answers (a sampled response's): the engine reports after
-    every chunk of directions, so a cancelled analysis stops within a chunk."""
-    watched = (analysis_id, *requested)
+    every chunk of directions, so a cancelled analysis stops within a chunk. Not a run split over
+    processes (torchrun): the others would wait in their next collective for good, so it finishes."""
+    watched = () if launched_by_torchrun() else (analysis_id, *requested)
 
     def progress(stage: str, fraction: float) -> None:
         if any(store.cancel_requested(key) for key in watched):
@@ -251,17 +252,29 @@ def watched_progress(store: Store, analysis_id: str, *requested: str) -> Progres
     return progress
 
 
+def _taken_elsewhere(store: Store, analysis_id: str) -> bool:
+    """Whether this queued job is no longer this worker's to run: cancelled while queued (failed), or
+    another copy of it (the same request POSTed again after a cancel) runs or ran it. A record that
+    expired is run."""
+    meta = store.get_meta(analysis_id)
+    if meta is None or meta.get("status") == JobStatus.queued:
+        return False
+    if meta.get("status") == JobStatus.failed:
+        store.request_cancel(analysis_id, cancel=False)  # failed by the DELETE already
+    return True
+
+
 def execute_analysis(
     job: AnalysisJob, store: Store, settings: Settings, pool: ModelPool | None = None
 ) -> None:
     """Run `job` and store its summary and pooled views; any failure is stored as a readable error.
 
     A job with a response to sample draws it first; the analysis then runs under the concrete job's id.
-    A job cancelled while queued is skipped; one cancelled while running fails as cancelled.
+    A job cancelled while queued, or run by another copy of it, is skipped; one cancelled while running
+    fails as cancelled.
     """
     requested = job.key()
-    if store.cancel_requested(requested):
-        store.request_cancel(requested, cancel=False)  # failed by the DELETE already
+    if _taken_elsewhere(store, requested):
         return
     if job.continuation_sample is not None:
         concrete = draw_response(job, store, settings, pool or model_pool())

@@ -196,6 +196,13 @@ class FisherPlans:
         """Each Fisher's plan cut to its first ``count`` directions (``SecondMomentPlan.leading``)."""
         return FisherPlans(self.cov_mu, self.p_row, {k: p.leading(count) for k, p in self.plans.items()})
 
+    def nbytes(self) -> int:
+        """What keeping these plans holds: C_mu's eigenvectors and each plan's directions and probes."""
+        arrays = [self.cov_mu.eigenvectors, self.p_row]
+        for plan in self.plans.values():
+            arrays += [plan.vectors, plan.head_coefficient, *plan.probes.values()]
+        return sum(a.numel() * a.element_size() for a in arrays)
+
 
 def fisher_plans(
     model: nn.Module, inputs: PositionInputs, capture: CapturedForward, method: Method

@@ -65,6 +65,8 @@ class SequenceAnalysis:
     accumulated_shift_sq: list[float] = field(default_factory=list)  # sum_i (sum_{t<=T'} m_i)^2
     sft_gradient: dict[str, torch.Tensor] | None = None  # d log pi(y|x)/dtheta (data sampler)
     directions: int = 0  # back-propagated by this process over all positions (a share under torchrun)
+    # a partial result's summary part about the whole model, once a reader took it (``SequencePartial``)
+    model_part: dict | None = None
 
 
 @torch.no_grad()
@@ -176,12 +178,14 @@ def analyze_sequence(
     ``fisher_under_p``: off the policy, also the second moment under p at every position (d_model
     directions more each, which only rho needs); without it rho is not known (``MomentSums.has_rho``).
 
-    ``on_partial(snapshot, kept_share)``: ``snapshot()`` is an analysis of what is done so far, to be read
-    before ``on_partial`` returns. For a prefix (one position), after each chunk of directions but the
-    last. For a response (one process), first after a pass over every position (``_FirstPass``), then
-    after each position the exact pass finishes; ``kept_share`` is the share of the response's summed
-    trace(C_mu) the directions carry. ``observe(moments)``: each position's moments before the running
-    sums take them over (read, never keep or modify).
+    ``on_partial(snapshot, kept_share)``: ``snapshot()`` is an analysis of what is done so far, to be
+    read before ``on_partial`` returns. For a prefix (one position), after each chunk of directions but
+    the last. For a response (one process), first after a pass over every position (``_FirstPass``),
+    then after each position the exact pass finishes; ``kept_share`` is the share of the response's
+    summed trace(C_mu) the directions carry. The reader may record the summary's part about the whole
+    model in the snapshot's ``model_part``: a response's later snapshots carry it (their model totals
+    are the first pass's), and the first pass's second moments are freed. ``observe(moments)``: each
+    position's moments before the running sums take them over (read, never keep or modify).
     """
     layout = HeadLayout.of(model)
     report = progress or (lambda stage, fraction: None)
@@ -190,19 +194,18 @@ def analyze_sequence(
     n_positions = forward.positions
     result = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
     first_pass = None
-    if on_partial is not None and n_positions > 1 and current_shard() is None:
-        sft = log_likelihood_gradient(model, prefix_ids, continuation_ids) if sampler.kind == "data" else None
+    # a one-hot mu (the data sampler) has no Fisher to wait for: its exact pass is the first moments
+    if on_partial is not None and n_positions > 1 and current_shard() is None and sampler.kind != "data":
         first_pass = _FirstPass.run(
-            forward, layout, method, reward, fisher_under_p, memory_budget_bytes, sft, report
+            forward, layout, method, reward, fisher_under_p, memory_budget_bytes, report
         )
         on_partial(first_pass.snapshot, first_pass.kept_share())
         # its first moments are whole: the exact pass adds the second moments only
         first = first_pass.analysis
         result = SequenceAnalysis(
-            first.sums.second_moments_over(),
-            accumulated_shift_sq=list(first.accumulated_shift_sq),
-            sft_gradient=sft,
+            first.sums.second_moments_over(), accumulated_shift_sq=list(first.accumulated_shift_sq)
         )
+        first_pass.settle(result.sums)
     for t in range(n_positions):
         target = forward.target(t)
         p, mu = forward.distributions(t)
@@ -235,8 +238,7 @@ def analyze_sequence(
         if first_pass is not None and on_partial is not None and t + 1 < n_positions:
             first_pass.finished(t, record)
             on_partial(first_pass.snapshot, first_pass.kept_share())
-    del first_pass  # its sums: before the caller's summary of the exact ones
-    if sampler.kind == "data" and continuation_ids.numel() and result.sft_gradient is None:
+    if sampler.kind == "data" and continuation_ids.numel():
         result.sft_gradient = log_likelihood_gradient(model, prefix_ids, continuation_ids)
     return result
 
@@ -273,12 +275,12 @@ class _FirstPass:
         reward: torch.Tensor | None,
         fisher_under_p: bool,
         memory_budget_bytes: int,
-        sft_gradient: dict[str, torch.Tensor] | None,
         report: Progress,
     ) -> _FirstPass:
         sampler = forward.sampler
-        analysis = SequenceAnalysis(MomentSums(layout.names, layout.shapes), sft_gradient=sft_gradient)
+        analysis = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
         plans: list[FisherPlans | None] = []
+        kept_bytes = 0
         for t in range(forward.positions):
             p, mu = forward.distributions(t)
             inputs = PositionInputs(forward.context(t), p, mu, reward, sampler.is_on_policy, fisher_under_p)
@@ -295,9 +297,19 @@ class _FirstPass:
             del capture
             record = _record(inputs, moments, forward.target(t))
             _fold_position(analysis, record, moments, sampler.is_on_policy)
-            plans.append(planned)
+            # kept for the exact pass within half the workspace (a 64-token response on a 2048-wide
+            # model would hold 4 GB); the others are made again
+            kept_bytes += planned.nbytes()
+            plans.append(planned if kept_bytes <= memory_budget_bytes // 2 else None)
             report("first pass", (t + 1) / forward.positions)
         return cls(analysis, [float(r.cov_eigenvalues.sum()) for r in analysis.positions], plans)
+
+    def settle(self, exact: MomentSums) -> None:
+        """Once the first partial result has recorded the model's part of its summary
+        (``SequenceAnalysis.model_part``), later snapshots read the exact pass's sums, which share the
+        first moments, and this pass's second moments (a parameter-sized array or three) are freed."""
+        if self.analysis.model_part is not None:
+            self.analysis.sums = exact
 
     def take_plans(self, t: int) -> FisherPlans | None:
         """Position t's plans, handed over once to the exact pass."""
