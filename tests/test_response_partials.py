@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.vocabulary import Method, SamplerKind
+from backend.vocabulary import Method, MethodName, SamplerKind
 from tests.tiny_models import BUDGET, tiny_llama
 from workers.fisher.directions import first_chunk_directions
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
@@ -135,9 +135,10 @@ def test_refinement_is_monotone_and_ends_at_the_exact_result():
     assert result.accumulated_shift_sq == pytest.approx(alone.accumulated_shift_sq, rel=1e-10)
 
 
-def test_a_tied_tables_first_partial_and_the_data_sampler():
+def test_a_tied_tables_first_partial_and_responses_without_a_first_pass():
     """Tied: the first partial's first moments are the exact result's. The data sampler's mu is one-hot,
-    so there is no Fisher to wait for and no first pass: the exact pass is the first moments alone."""
+    so there is no Fisher to wait for and no first pass: the exact pass is the first moments alone; nor
+    for the truncated method."""
     model = tiny_llama(tied=True)
     result, seen = _partials(model, Sampler(temperature=0.7))
     for name, value in seen[0]["mean_shift"].items():
@@ -145,6 +146,13 @@ def test_a_tied_tables_first_partial_and_the_data_sampler():
     result, seen = _partials(model, Sampler(kind=SamplerKind.data))
     assert seen == [] and result.sft_gradient is not None
     assert square_total_of(result.sums.sums["mean_shift"]) > 0
+    # a truncated plan is a few directions per position: a first pass would half repeat it
+    truncated: list = []
+    analyze_sequence(
+        model, PREFIX, RESPONSE, Sampler(temperature=0.7), Method(MethodName.truncated, fraction=0.5),
+        memory_budget_bytes=BUDGET, on_partial=lambda snapshot, kept: truncated.append(kept),
+    )  # fmt: skip
+    assert truncated == []
 
 
 def test_once_the_model_part_is_recorded_the_first_passs_second_moments_go():

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from backend.vocabulary import Method
+from backend.vocabulary import Method, MethodName
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.directions import first_chunk_directions
 from workers.fisher.position import (
@@ -194,8 +194,7 @@ def analyze_sequence(
     n_positions = forward.positions
     result = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
     first_pass = None
-    # a one-hot mu (the data sampler) has no Fisher to wait for: its exact pass is the first moments
-    if on_partial is not None and n_positions > 1 and current_shard() is None and sampler.kind != "data":
+    if on_partial is not None and n_positions > 1 and _worth_a_first_pass(sampler, method):
         first_pass = _FirstPass.run(
             forward, layout, method, reward, fisher_under_p, memory_budget_bytes, report
         )
@@ -241,6 +240,14 @@ def analyze_sequence(
     if sampler.kind == "data" and continuation_ids.numel():
         result.sft_gradient = log_likelihood_gradient(model, prefix_ids, continuation_ids)
     return result
+
+
+def _worth_a_first_pass(sampler: Sampler, method: Method) -> bool:
+    """A response's first pass, for one process (under torchrun no partial results are asked for): for
+    the exact method only, whose positions take hundreds of directions each (a truncated or sampled
+    plan is a few dozen, which the first pass would half repeat), and not for a one-hot mu (the data
+    sampler), whose exact pass is its first moments alone."""
+    return current_shard() is None and method.name == MethodName.exact and sampler.kind != "data"
 
 
 @dataclass
