@@ -83,8 +83,9 @@ class AnalysisRecords(ModelCatalog):
                 # asked again after it failed (or was cancelled): the drawn response's analysis runs again
                 return self.submit_job(info, AnalysisJob.model_validate(followed["request"]))
             return self._resolve(analysis_id)
-        if meta and meta["status"] == JobStatus.running and self.store.cancel_requested(analysis_id):
-            self.store.request_cancel(analysis_id, cancel=False)  # asked again while cancelling: it goes on
+        if meta and meta["status"] != JobStatus.done:
+            # asked again after a cancel, or while cancelling: it runs (or goes on)
+            self.store.request_cancel(analysis_id, cancel=False)
         if meta and meta["status"] == JobStatus.done:
             if stored.summary_json is not None:
                 return analysis_id, stored  # the cache hit: one store read in all
@@ -92,7 +93,6 @@ class AnalysisRecords(ModelCatalog):
             meta = self.store.get_meta(analysis_id)
         retry = meta is None or meta["status"] == JobStatus.failed
         if retry and self.store.claim(analysis_id, queued_meta(job, estimate)):
-            self.store.request_cancel(analysis_id, cancel=False)  # asked again after a cancel: it runs
             self.queue.enqueue(ANALYSIS_FUNCTION, job.model_dump(mode="json"), analysis_id)
         return self._resolve(analysis_id)
 

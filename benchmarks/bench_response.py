@@ -1,11 +1,12 @@
 """A sampled response through `fisherscope serve`, as the dashboard's Sample button asks for it.
 
-Starts `fisherscope serve` (embedded: API, dashboard and worker in one process, no Redis) on its own
-port and cache, without the landing analysis (its two jobs would queue ahead of the cases), waits for
-it to load SmolLM2 (certificate included), measures the float32 matmul rate at the model's width while
-the service is idle, runs a one-token warm-up, then for each case POSTs the dashboard's own request
-(``frontend.state.to_request``: the landing prefix, exact, seed 0) and polls it every 0.5 s, as the
-dashboard does. It prints the seconds from the POST to:
+Starts what `fisherscope serve` runs (embedded: API, dashboard and worker in one process, no Redis;
+``frontend.devserver.embedded_service``) on a free port and a cache of its own, without the landing
+analysis (its two jobs would queue ahead of the cases), waits for it to load SmolLM2 (certificate
+included), measures the float32 matmul rate at the model's width while the service is idle, runs a
+one-token warm-up, then for each case POSTs the dashboard's own request (``frontend.state.to_request``:
+the landing prefix, exact, seed 0) and polls it every 0.5 s, as the dashboard does. It prints the
+seconds from the POST to:
 
 - the first partial result, and how many of the response's positions it covers;
 - 90% of the trace: the first answer in which every position carries at least 90% of its trace(C_mu)
@@ -20,10 +21,6 @@ Usage: .venv/bin/python benchmarks/bench_response.py [--tokens 8,16] [--model sm
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,30 +31,12 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from frontend.devserver import embedded_service, wait_until_ready  # noqa: E402
 from frontend.state import DashboardState, to_request  # noqa: E402
 from workers.throughput import measure_width  # noqa: E402
 
 CASES = {"on the policy": {}, "T 0.7, top-k 50": {"temperature": 0.7, "top_k": 50}}
 POLL_S = 0.5  # as the dashboard polls (its dcc.Interval)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(client: httpx.Client, seconds: float = 300) -> None:
-    """Until /readyz: the default model loaded (and certified) by the service's own preload."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if client.get("/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"bench_response: the service was not ready within {seconds:.0f} s")
 
 
 def min_kept(summary: dict) -> float:
@@ -101,23 +80,12 @@ def main() -> None:
     parser.add_argument("--tokens", default="8,16", help="sampled tokens per case, comma-separated")
     parser.add_argument("--model", default="smollm2-135m")
     args = parser.parse_args()
-    port = free_port()
     cache = Path(tempfile.mkdtemp(prefix="bench-response-"))
-    # nothing cached from an earlier run: results and exports in a folder of this run's own
-    env = {**os.environ, "FISHERSCOPE_RESULTS_DIR": str(cache / "results")}
-    env["FISHERSCOPE_EXPORTS_DIR"] = str(cache / "exports")
-    # a quiet worker: no landing analysis (and its rho stage) queued ahead of the cases
-    env["FISHERSCOPE_LANDING_ANALYSIS"] = "false"
-    server = subprocess.Popen(
-        [sys.executable, "-c", "from workers.cli import main; main()", "serve", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            wait_ready(client)
+    # nothing cached from an earlier run, and a quiet worker: no landing analysis (and its rho stage)
+    # queued ahead of the cases
+    with embedded_service(cache / "results", cache / "exports", landing_analysis=False) as url:
+        wait_until_ready(url)
+        with httpx.Client(base_url=url, timeout=60) as client:
             (info,) = [m for m in client.get("/api/v1/models").json() if m["id"] == args.model]
             # on a quiet machine: measured while the service loaded its model, it read 82 against 172
             rate = measure_width("cpu", int(info["d_model"]))
@@ -138,12 +106,6 @@ def main() -> None:
                         f"trace {found['ninety']:.1f} s, done {found['done']:.1f} s, floor {floor:.1f} s "
                         f"({found['done'] / floor:.2f}x)"
                     )
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 if __name__ == "__main__":

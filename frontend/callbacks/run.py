@@ -184,14 +184,19 @@ def polled(api: ApiClient, summaries: Summaries, handle: Handle) -> Handle:
         return {**handle, "status": FAILED, "stage": "failed", "error": reason}
     if partial is not None:
         summaries.remember_partial(body["id"], partial.kept_share, partial.result)
-    fresh = handle_from(
+    return with_rho_asked(api, answered_handle(body, handle))
+
+
+def answered_handle(body: dict[str, Any], handle: Handle) -> Handle:
+    """The handle after an answer of the API about its analysis (a poll's GET, a DELETE): the same
+    request, sample, query and rho wish."""
+    return handle_from(
         body,
         handle["request"],
         sample=handle.get("sample"),
         query=handle.get("query"),
         wants_rho=handle.get("wants_rho", True),
     )
-    return with_rho_asked(api, fresh)
 
 
 def with_rho_asked(api: ApiClient, handle: Handle) -> Handle:
@@ -255,13 +260,7 @@ def cancelled(api: ApiClient, handle: Handle) -> Handle:
         body = api.cancel(handle["id"])
     except ApiError as error:  # done meanwhile (409), or the API away: the next poll says which
         return {**handle, "stage": f"could not cancel: {error}"}
-    return handle_from(
-        body,
-        handle["request"],
-        sample=handle.get("sample"),
-        query=handle.get("query"),
-        wants_rho=handle.get("wants_rho", True),
-    )
+    return answered_handle(body, handle)
 
 
 def failure(handle: Handle, what: str) -> Any:

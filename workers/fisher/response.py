@@ -229,10 +229,9 @@ def analyze_sequence(
         )
         del capture
         record = _record(inputs, moments, target)
-        if first_pass is None:
-            _fold_position(result, record, moments, sampler.is_on_policy, observe)
-        else:
-            _fold_second_moments(result, record, moments, observe)
+        _fold_position(
+            result, record, moments, sampler.is_on_policy, observe, first_moments=first_pass is None
+        )
         del moments
         if first_pass is not None and on_partial is not None and t + 1 < n_positions:
             first_pass.finished(t, record)
@@ -269,7 +268,6 @@ class _FirstPass:
     """
 
     analysis: SequenceAnalysis
-    traces: list[float]
     # each position's plans (C_mu and its eigen-directions: d x d), made once for both passes
     plans: list[FisherPlans | None]
 
@@ -309,7 +307,7 @@ class _FirstPass:
             kept_bytes += planned.nbytes()
             plans.append(planned if kept_bytes <= memory_budget_bytes // 2 else None)
             report("first pass", (t + 1) / forward.positions)
-        return cls(analysis, [float(r.cov_eigenvalues.sum()) for r in analysis.positions], plans)
+        return cls(analysis, plans)
 
     def settle(self, exact: MomentSums) -> None:
         """Once the first partial result has recorded the model's part of its summary
@@ -332,11 +330,9 @@ class _FirstPass:
 
     def kept_share(self) -> float:
         """The share of the positions' summed trace(C_mu) that their directions so far carry."""
-        total = sum(self.traces)
-        kept = sum(
-            r.kept_share * trace for r, trace in zip(self.analysis.positions, self.traces, strict=True)
-        )
-        return kept / total if total > 0 else 1.0
+        traces = [(r.kept_share, float(r.cov_eigenvalues.sum())) for r in self.analysis.positions]
+        total = sum(trace for _, trace in traces)
+        return sum(kept * trace for kept, trace in traces) / total if total > 0 else 1.0
 
 
 def _partial_analysis(
@@ -356,30 +352,21 @@ def _fold_position(
     moments: PositionMoments,
     on_policy: bool,
     observe: Callable[[PositionMoments], None] | None = None,
+    first_moments: bool = True,
 ) -> None:
     """Keep a position's record, show its moments to ``observe``, then fold them into the running sums
-    (and, off the policy, the squared mean shift accumulated so far)."""
+    (and, off the policy, the squared mean shift accumulated so far). ``first_moments=False``: sums
+    whose first moments (and accumulated shift) a first pass folded in already take its second ones."""
     result.positions.append(record)
     result.directions += moments.directions
     if observe is not None:
         observe(moments)
+    if not first_moments:
+        result.sums.add_second_moments(moments)
+        return
     result.sums.add(moments)
     if not on_policy:
         result.accumulated_shift_sq.append(square_total_of(result.sums.sums.get("mean_shift", {})))
-
-
-def _fold_second_moments(
-    result: SequenceAnalysis,
-    record: PositionRecord,
-    moments: PositionMoments,
-    observe: Callable[[PositionMoments], None] | None,
-) -> None:
-    """``_fold_position`` for sums whose first moments a first pass folded in already."""
-    result.positions.append(record)
-    result.directions += moments.directions
-    if observe is not None:
-        observe(moments)
-    result.sums.add_second_moments(moments)
 
 
 def _single(layout: HeadLayout, inputs: PositionInputs, moments: PositionMoments) -> SequenceAnalysis:

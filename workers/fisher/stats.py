@@ -115,13 +115,9 @@ class MomentSums:
         track_squares = self.positions >= 1
         shifts = None if on_policy else m.kbar_mu.minus(m.kbar_p)  # small where both are
         for name in self.names:
-            f = m.fisher[name]
-            if not m.fisher_zero:  # a one-hot mu adds nothing: keep no P-sized zeros
-                self._add("fisher", name, f)
+            self._add_second_moments(m, name, on_policy)
             if shifts is not None:
                 self._add("mean_shift", name, shifts.entry(name))
-                if m.fisher_p is not None:
-                    self._add("fisher_p", name, m.fisher_p[name])
                 if track_squares:
                     self._add_square("mean_shift_sq", name, shifts[name])
                     self._add_square("kbar_mu_sq", name, m.kbar_mu[name])
@@ -129,11 +125,7 @@ class MomentSums:
             if track_squares and self._keeps("common_sq"):
                 self._add_square("common_sq", name, m.kbar_p[name])
             if m.policy_grad is not None:
-                assert m.reward_std is not None
                 self._add("policy_grad", name, m.policy_grad.entry(name))
-                if not m.fisher_zero:  # read off the Fisher where it is read: no second P-sized array
-                    bound = Root(f, m.reward_std)
-                    self._add("bound", name, Factored(self.shapes[name], f.dtype, f.device, (bound,)))
         self.positions += 1
 
     SECOND_MOMENTS = ("fisher", "fisher_p", "bound")
@@ -150,15 +142,21 @@ class MomentSums:
         sums whose first moments came from an earlier pass (``second_moments_over``)."""
         on_policy = m.kbar_mu is m.kbar_p
         for name in self.names:
-            f = m.fisher[name]
-            if not m.fisher_zero:
-                self._add("fisher", name, f)
-            if not on_policy and m.fisher_p is not None:
-                self._add("fisher_p", name, m.fisher_p[name])
-            if m.policy_grad is not None and not m.fisher_zero:
-                assert m.reward_std is not None
-                bound = Root(f, m.reward_std)
-                self._add("bound", name, Factored(self.shapes[name], f.dtype, f.device, (bound,)))
+            self._add_second_moments(m, name, on_policy)
+
+    def _add_second_moments(self, m: PositionMoments, name: str, on_policy: bool) -> None:
+        """One tensor's second moments of a position: its Fisher, under p off the policy (on it the
+        Fisher is that), and with a reward the bound."""
+        f = m.fisher[name]
+        if not m.fisher_zero:  # a one-hot mu adds nothing: keep no P-sized zeros
+            self._add("fisher", name, f)
+        if not on_policy and m.fisher_p is not None:
+            self._add("fisher_p", name, m.fisher_p[name])
+        if m.policy_grad is not None and not m.fisher_zero:
+            assert m.reward_std is not None
+            # read off the Fisher where it is read: no second P-sized array
+            bound = Root(f, m.reward_std)
+            self._add("bound", name, Factored(self.shapes[name], f.dtype, f.device, (bound,)))
 
     def _materialize_squares(self) -> None:
         """Before the second position: the first's small forms become arrays (the bound's reads the
