@@ -29,7 +29,7 @@ import pytest
 
 from backend.vocabulary import LANDING_PREFIX, STATS
 from frontend.devserver import CHROMIUM, embedded_service, launch_chromium, wait_until_ready
-from frontend.state import parse_query, to_request
+from frontend.state import DashboardState, parse_query, to_query, to_request
 from tests.requirements import require
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "browser"
@@ -603,35 +603,26 @@ def test_compare_two_samplers_side_by_side(service: Service, browser, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(900)
 def test_a_sampled_response_on_smollm2(service: Service, browser):
-    """The landing (the essays' example on the default model), then 16 tokens drawn from SmolLM2-135M.
+    """A response of the Sample button's 8 tokens drawn from SmolLM2-135M, on every slide.
 
-    The response is analysed with `truncated:0.02`, the top 2% of each position's directions (12 of
-    576): the exact method back-propagates all 576 at each of the 16 positions, about ten minutes of
-    this CPU, where every figure, and the equality of slide 4 with the API, reads the same either way.
+    The link asks for the model's own distribution (no reward, T 1, no top-k: the landing's off-policy
+    sampler would add the 576 directions of the Fisher under p at every position) and `truncated:0.02`,
+    the top 2% of each position's directions (12 of 576): the exact method back-propagates all 576 at
+    each position, minutes of this CPU, where every figure, and the equality of slide 4 with the API,
+    reads the same either way. The landing example itself is the landing test's.
     """
     watch = Watch()
-    page = open_page(browser, watch, f"{service.url}/")
+    state = DashboardState(prefix=PREFIX, method="truncated:0.02")
+    page = open_page(browser, watch, f"{service.url}/{to_query(state)}")
     wait_for_restore(page)
-    wait_until_done(page, timeout_ms=600_000)  # `fisherscope serve` computes it at start; here, now
-    assert page.input_value("#prefix") == LANDING_PREFIX
-    assert "type your own prefix" in page.inner_text("#landing-note")
-    assert "model=smollm2-135m" in page.url
-    runs = service.engine_runs()
-    again = open_page(browser, watch, f"{service.url}/")  # the next first visit: from the cache
-    wait_until_done(again, timeout_ms=60_000)
-    assert again.inner_text("#progress-stage") == "cached" and service.engine_runs() == runs
-    page.fill("#method", "truncated:0.02")
-    # the model's own distribution, no reward: the landing's off-policy sampler would add the 576
-    # directions of the Fisher under p (rho) at all 16 positions
-    page.fill("#temperature", "1")
-    page.fill("#top_k", "")
-    page.fill("#reward", "")
-    sample(page, seed=0, tokens=16, timeout_ms=600_000)
-    analysis = service.analysis(sampled_request("smollm2-135m", 0, 16, method="truncated:0.02"))
+    wait_until_done(page, timeout_ms=300_000)
+    assert "model=smollm2-135m" in page.url and "method=truncated" in page.url
+    sample(page, seed=0, tokens=8, timeout_ms=600_000)
+    analysis = service.analysis(sampled_request("smollm2-135m", 0, 8, method="truncated:0.02"))
     drawn = analysis["request"]["continuation_ids"]
-    assert 0 < len(drawn) <= 16 and response_chip_ids(page) == drawn
+    assert 0 < len(drawn) <= 8 and response_chip_ids(page) == drawn
     check_every_slide(page)
     check_along_the_response(page, service, analysis["id"], len(drawn))
     watch.check()

@@ -23,6 +23,7 @@ from workers.commands.options import (
     text,
 )
 from workers.commands.study import add_study_parser, cmd_study
+from workers.commands.updates import add_updates_parser, cmd_updates
 
 QUANTITIES_EPILOG = """\
 quantities (per parameter i; kappa_{i,a} = d z_a / d theta_i, kbar^q_i = sum_a q_a kappa_{i,a}):
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analyze(commands)
     add_study_parser(commands)
     add_masks_parser(commands)
+    add_updates_parser(commands)
     serve = commands.add_parser("serve", help="run API + dashboard + in-process worker (embedded mode)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=port_number, default=8000)
@@ -165,6 +167,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "analyze": cmd_analyze,
     "study": cmd_study,
     "masks": cmd_masks,
+    "updates": cmd_updates,
     "serve": cmd_serve,
     "worker": cmd_worker,
 }
