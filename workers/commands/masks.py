@@ -1,4 +1,5 @@
-"""``fisherscope masks info|compare``: read Fisher mask files without loading a model.
+"""``fisherscope masks info|compare|export``: read Fisher mask files without loading a model, and write
+one density's mask in the polarity other training code reads (``workers.mask_formats``).
 
 Why a command of its own: a mask file is what goes back to training, often long after the study ran and
 on another machine; what it holds and how two of them agree (two samplers, prompt sets, or the exact
@@ -26,11 +27,22 @@ def add_masks_parser(commands) -> None:
     compare.add_argument("a", type=Path, metavar="A.safetensors")
     compare.add_argument("b", type=Path, metavar="B.safetensors")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    export = actions.add_parser(
+        "export",
+        help="one density's mask as other training code reads it: lota (torch.save {name: bool}, True = "
+        "frozen) or fish (torch.save {name: float}, 1 = trainable), with its polarity in the name and a JSON",
+    )
+    export.add_argument("file", type=Path, metavar="MASKS.safetensors")
+    export.add_argument("--format", required=True, choices=["lota", "fish"])
+    export.add_argument("--q", type=float, default=None, help="the density (default: the file's only one)")
+    export.add_argument("--out", type=Path, default=None, metavar="FILE.pt", help="default: beside the file")
 
 
 def cmd_masks(args: argparse.Namespace) -> int:
     from backend.mask_files import MaskFile, MaskFileError, compare_mask_files
 
+    if args.action == "export":
+        return _export(args)
     try:
         if args.action == "info":
             print(format_info(MaskFile.open(_existing(args.file))))
@@ -54,6 +66,20 @@ def cmd_masks(args: argparse.Namespace) -> int:
         strict=True,
     ):
         print(f"{q:>8g} {overlap:>9.2%} {chance:>8.2%} {jaccard:>9.2%} {chance_j:>8.3%}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from backend.mask_files import MaskFileError
+    from workers.commands.common import check_outputs
+    from workers.mask_formats import export_masks
+
+    check_outputs({"--out": args.out})
+    try:
+        out, sidecar = export_masks(_existing(args.file), args.format, args.q, args.out)
+    except (MaskFileError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    print(f"wrote {out} and {sidecar.name} ({args.format}: {json.loads(sidecar.read_text())['polarity']})")
     return 0
 
 
