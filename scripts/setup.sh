@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup of a fresh checkout: .venv (Python 3.11), CPU torch first (a plain `pip install
-# torch` would pull a multi-GB CUDA build), the package with its dev extras, and both catalog models.
+# torch` would pull a multi-GB CUDA build), the package with its dev and training extras, and both catalog models.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +25,7 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
   echo "setup.sh: installing $TORCH_SPEC"
   "${PIP[@]}" install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
 fi
-"${PIP[@]}" install -q -e '.[dev]'
+"${PIP[@]}" install -q -e '.[dev,training]'
 
 "$VENV/bin/fisherscope" fetch smollm2-135m
 "$VENV/bin/fisherscope" fetch tiny-random

@@ -160,3 +160,52 @@ def test_export_writes_each_polarity_with_its_name_and_metadata(tmp_path, capsys
     assert_one_line_error(code, err, "several densities", "--q")
     code, _, err = run_cli(capsys, "masks", "export", str(source), "--format", "fish", "--q", "0.5")
     assert_one_line_error(code, err, "no mask of density 0.5")
+
+
+def test_grpo_with_trl_inside_a_mask(tmp_path):
+    """TRL's GRPOTrainer, as the README shows it: sampled completions, group advantages, AdamW with weight
+    decay, clipping; on the built-in tiny-random model and its tokenizer."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from backend.registry import model_dir
+
+    folder = model_dir("tiny-random")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    masks = _random_masks(model, q=0.05)
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+
+    def reward(completions, **_):  # differs within a group, so the advantages are not all zero
+        return [float(sum(map(ord, text)) % 7) for text in completions]
+
+    config = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-2,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        seed=0,
+    )
+    optimizer = mask_optimizer(
+        torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.1), model, masks
+    )
+    prompts = Dataset.from_dict({"prompt": [f"Q: {a}+{a}=? A:" for a in range(8)]})
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=prompts,
+        processing_class=tokenizer,
+        optimizers=(optimizer, None),
+    )
+    trainer.train()
+    _assert_frozen_and_moved(model, before, masks)
