@@ -30,6 +30,8 @@ from backend.store import RedisStore, Store
 from backend.studies import StudyService
 from backend.study_routes import studies
 from backend.unrouted import unrouted_router
+from backend.update_routes import updates
+from backend.updates import UpdatesService
 
 REDIS_DOWN = "Redis is unreachable; the service recovers by itself when it is back, retry in a few seconds"
 
@@ -70,11 +72,13 @@ def create_app(
     )
     app.state.service = AnalysisService(settings, store, queue)
     app.state.studies = StudyService(app.state.service)
+    app.state.updates = UpdatesService(app.state.studies)
     app.state.rate_limiter = RateLimiter(settings)
     app.include_router(api)
     app.include_router(studies)
+    app.include_router(updates)
     app.include_router(health)
-    app.include_router(unrouted_router(api, studies))  # last: what no route above serves under /api
+    app.include_router(unrouted_router(api, studies, updates))  # last: what no route above serves under /api
     _add_error_handlers(app)
     app.add_middleware(BodyGuard)
     app.add_middleware(HostGuard, allowed=settings.allowed_hosts)  # outermost: before any body is read

@@ -21,6 +21,7 @@ from rq.serializers import JSONSerializer
 ANALYSIS_FUNCTION = "workers.jobs.run_analysis_job"
 EXPORT_FUNCTION = "workers.jobs.run_export_job"
 STUDY_PART_FUNCTION = "workers.study_jobs.run_study_part_job"
+UPDATES_FUNCTION = "workers.update_jobs.run_updates_job"
 # a study part whose worker died is queued again this many times: by the API within seconds of its
 # lease lapsing (backend.studies), and by RQ once the abandoned job's timeout has passed
 STUDY_PART_RETRIES = 2

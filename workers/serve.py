@@ -16,12 +16,13 @@ from typing import Any
 
 from backend.embedded import local_backend
 from backend.main import create_app
-from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, STUDY_PART_FUNCTION
+from backend.queue import ANALYSIS_FUNCTION, EXPORT_FUNCTION, STUDY_PART_FUNCTION, UPDATES_FUNCTION
 from backend.registry import DEFAULT_MODEL, is_available
 from backend.schemas import AnalysisCreate, AnalysisJob, SamplerSpec
 from backend.settings import Settings, get_settings
 from backend.store import Store
 from backend.study_schemas import StudyJob
+from backend.update_schemas import UpdatesJob
 from backend.vocabulary import (
     LANDING_CONTINUATION,
     LANDING_PREFIX,
@@ -103,7 +104,7 @@ class _Preload:
 
 
 def _run(function: str, payload: dict, store: Store, settings: Settings) -> None:
-    from workers import jobs, study_jobs
+    from workers import jobs, study_jobs, update_jobs
 
     if function == ANALYSIS_FUNCTION:
         jobs.execute_analysis(AnalysisJob.model_validate(payload), store, settings)
@@ -112,6 +113,8 @@ def _run(function: str, payload: dict, store: Store, settings: Settings) -> None
     elif function == STUDY_PART_FUNCTION:
         study = StudyJob.model_validate(payload["study"])
         study_jobs.execute_study_part(study, int(payload["prompt_index"]), store, settings)
+    elif function == UPDATES_FUNCTION:
+        update_jobs.execute_updates(UpdatesJob.model_validate(payload), store, settings)
     else:
         raise ValueError(f"unknown job function {function}")
 
