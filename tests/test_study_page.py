@@ -439,3 +439,52 @@ def test_recent_studies_open_from_the_list_and_link_their_prompts(service: Servi
     page.screenshot(path=SCREENSHOTS / "study-recent-list.png", full_page=True)
     watch.check()
     context.close()
+
+
+@pytest.mark.slow
+def test_the_study_page_compares_a_fine_tuned_checkpoint(tmp_path, monkeypatch, capsys, browser) -> None:
+    """A checkpoint trained from the study's model, registered beside it: the page compares the two and
+    draws where the run changed the weights beside where the mask lands, with the API's numbers."""
+    import shutil
+
+    from backend import registry
+    from tests.test_registry import run_cli
+    from tests.test_updates_api import _tuned
+
+    require(Path(CHROMIUM).exists(), "Debian chromium (apt-get install chromium)")
+    tiny = registry.model_dir(MODEL)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(registry.CACHE_ENV, str(cache))
+    shutil.copytree(tiny, registry.model_dir(MODEL))
+    source = tmp_path / "tiny-src"
+    shutil.copytree(tiny, source, ignore=shutil.ignore_patterns(registry.MANIFEST_NAME))
+    assert run_cli(capsys, "models", "add", "tiny-tuned", str(_tuned(source, tmp_path / "tuned")))[0] == 0
+    extra = {registry.CACHE_ENV: str(cache)}
+    with embedded_service(
+        tmp_path / "results", tmp_path / "exports", landing_analysis=False, extra_env=extra
+    ) as url:
+        wait_until_ready(url)
+        service = Service(url)
+        context, page, watch = watched_page(browser)
+        run_study(page, service)
+        page.wait_for_selector("#total-fisher", timeout=90_000)
+        study_id = study_id_of(page.url)
+        page.click("#updates-run")  # nothing chosen yet: the page says what to do
+        page.wait_for_selector("#updates-caption >> text=choose the fine-tuned checkpoint first")
+        page.click("#updates-after")
+        page.get_by_role("option", name="tiny-tuned").click()
+        page.click("#updates-run")
+        page.wait_for_selector("#updates-caption >> text=visibly in bf16", timeout=60_000)
+        body = {"before": MODEL, "after": "tiny-tuned", "study": study_id}
+        summary = service.api.post("/updates", json=body).json()["summary"]  # the page's, from the cache
+        caption = page.inner_text("#updates-caption")
+        assert f"{summary['total']['params']:,} parameters" in caption
+        assert "inside the top-1% Fisher mask (chance: 1%)" in caption
+        bars = page.evaluate(
+            "() => document.querySelector('#updates-kinds .js-plotly-plot').data.map(t => [t.name, t.x])"
+        )
+        assert [name for name, _ in bars][0] == "the run's updates (bf16)"
+        assert sorted(bars[0][1]) == sorted(row["group"] for row in summary["kinds"])
+        page.locator("#updates").screenshot(path=str(SCREENSHOTS / "study-updates.png"))
+        watch.check()
+        context.close()

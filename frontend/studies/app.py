@@ -8,7 +8,7 @@ import dash
 
 from frontend.api_client import ApiClient
 from frontend.server_guard import guard_dash_server
-from frontend.studies import callbacks, layout, results
+from frontend.studies import callbacks, layout, results, updates
 from frontend.studies.client import StudyClient
 
 ASSETS = Path(__file__).parent / "assets"
@@ -33,5 +33,6 @@ def create_study_app(
     app.layout = layout.page()
     callbacks.register(app, client)
     results.register(app, client)
+    updates.register_updates(app, client)
     guard_dash_server(app, api_token)
     return app

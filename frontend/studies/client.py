@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from backend.study_schemas import StudyMaskComparison, StudyMaskView, StudyPublic
 from backend.study_summary import StudySummary
+from backend.update_schemas import UpdatesPublic
 from frontend.api_client import API_PREFIX, ApiClient, ApiError
 from frontend.studies.form import PromptLine
 
@@ -120,6 +121,15 @@ class StudyClient:
                 self.api.request("GET", "/studies/compare", params=params).content
             ),
         )
+
+    def submit_updates(self, before: str, after: str, study_id: str) -> UpdatesPublic:
+        """POST a comparison of two checkpoints with the study's masks: done when cached, else queued."""
+        body = {"before": before, "after": after, "study": study_id}
+        return UpdatesPublic.model_validate_json(self.api.request("POST", "/updates", json=body).content)
+
+    def updates(self, updates_id: str) -> UpdatesPublic:
+        response = self.api.request("GET", f"/updates/{quote(updates_id, safe='')}")
+        return UpdatesPublic.model_validate_json(response.content)
 
     def _kept(self, key: tuple, fetch: Callable[[], View]) -> View:
         with self._lock:

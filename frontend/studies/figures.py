@@ -11,11 +11,13 @@ import plotly.graph_objects as go
 
 from backend.study_schemas import StudyMaskView
 from backend.study_summary import EstimatorComparison, Estimators, GroupMaskShare, ResponseRecord
+from backend.update_schemas import UpdateGroup
 from frontend.numbers import percent
 from frontend.studies.form import density_label
 
 MASK_COLOR = "#d62728"
 PARAMS_COLOR = "#9aa5b1"
+UPDATES_COLOR = "#1f77b4"
 ESTIMATOR_COLORS = {"mc_fisher": "#1f77b4", "empirical_fisher": "#ff7f0e"}
 ESTIMATOR_NAMES = {"mc_fisher": "Monte Carlo Fisher", "empirical_fisher": "empirical Fisher"}
 LEGEND_NAMES = {"mc_fisher": "MC Fisher", "empirical_fisher": "empirical Fisher"}
@@ -178,4 +180,50 @@ def mask_heatmap_figure(view: StudyMaskView) -> go.Figure:
     _layout(figure, title, height=420)
     figure.update_yaxes(autorange="reversed", title="row (output)" if len(view.shape) > 1 else "")
     figure.update_xaxes(title="column (input)" if len(view.shape) > 1 else "coordinate")
+    return figure
+
+
+def updates_groups_figure(
+    updates: list[UpdateGroup], mask: list[GroupMaskShare], n_params: int, q: float, by: str
+) -> go.Figure:
+    """Per group: its share of the coordinates the run changed visibly in bf16, beside the top-q mask's
+    share and the group's share of all parameters (where a random set would land)."""
+    changed = sum(row.changed_bf16 for row in updates)
+    in_mask = {row.group: row.share_of_mask for row in mask}
+    groups = [row.group for row in updates]
+    figure = go.Figure(
+        [
+            go.Bar(
+                x=groups,
+                y=[row.changed_bf16 / changed if changed else 0.0 for row in updates],
+                name="the run's updates (bf16)",
+                marker_color=UPDATES_COLOR,
+                hovertext=[
+                    f"{row.changed_bf16:,} of its {row.params:,} parameters changed in bf16 "
+                    f"({percent(row.changed_bf16_share, 3)}); {percent(row.changed_share, 3)} changed at all"
+                    for row in updates
+                ],
+                hovertemplate="%{x}: %{y:.2%} of the updates<br>%{hovertext}<extra></extra>",
+            ),
+            go.Bar(
+                x=groups,
+                y=[in_mask.get(group, 0.0) for group in groups],
+                name=f"top-{density_label(q)} mask",
+                marker_color=MASK_COLOR,
+                hovertemplate="%{x}: %{y:.2%} of the mask<extra></extra>",
+            ),
+            go.Bar(
+                x=groups,
+                y=[row.params / n_params if n_params else 0.0 for row in updates],
+                name="all parameters",
+                marker_color=PARAMS_COLOR,
+                hovertemplate="%{x}: %{y:.2%} of the parameters<extra></extra>",
+            ),
+        ]
+    )
+    _layout(figure, f"Updates per {by}: shares", height=360)
+    # three entries wrap on a half-width figure: below the axis they cover no title
+    figure.update_layout(legend={"y": -0.18, "yanchor": "top"}, margin={"t": 40, "b": 80})
+    figure.update_xaxes(type="category", automargin=True)
+    figure.update_yaxes(tickformat=".0%", title="share", rangemode="tozero")
     return figure

@@ -20,6 +20,12 @@ HEATMAP_NOTE = (
     "Inside one parameter: the share of each block's coordinates that the mask holds (rows are outputs, "
     "columns inputs; a vector is one row). A random mask would colour every block q."
 )
+UPDATES_NOTE = (
+    "A checkpoint trained from this study's model (register it with fisherscope models add): where the "
+    "run changed the weights, visibly in bf16, per layer and module kind beside where the mask lands "
+    "and where a random set would (the group's share of all parameters); and how much of the run's "
+    "largest updates lies inside the mask, beside chance."
+)
 COMPARE_NOTE = (
     "Paste another study's id or share link (same model): the overlap |A ∩ B| / |A| and Jaccard |A ∩ B| / "
     "|A ∪ B| of the two Fisher masks at every density both cut, beside chance (q and q / (2 - q)). Two "
@@ -179,6 +185,7 @@ def results() -> html.Div:
             _responses_section(),
             _masks_section(),
             _compare_section(),
+            _updates_section(),
             _estimators_section(),
             section("The paper's statistics, on this model", [html.Div(id="paper-section")], "paper"),
         ],
@@ -236,6 +243,33 @@ def _compare_section() -> html.Div:
     )
     children = [labelled("Other study", other, COMPARE_NOTE), html.Div(id="compare-section")]
     return section("Compare with another study's masks", children, "compare")
+
+
+def _updates_section() -> html.Div:
+    choose = html.Div(
+        [
+            dcc.Dropdown(
+                id="updates-after", options=[], placeholder="a fine-tuned checkpoint", className="grow"
+            ),
+            html.Button("Compare", id="updates-run", n_clicks=0),
+        ],
+        className="row",
+    )
+    groups = html.Div(
+        [
+            dcc.Graph(id="updates-layers", config=GRAPH_CONFIG, style={"display": "none"}),
+            dcc.Graph(id="updates-kinds", config=GRAPH_CONFIG, style={"display": "none"}),
+        ],
+        className="grid-2",
+    )
+    children = [
+        labelled("Fine-tuned checkpoint", choose, UPDATES_NOTE),
+        dcc.Store(id="updates-job"),  # {"id", "status", "error"} of the comparison on the page
+        dcc.Interval(id="updates-poll", interval=POLL_MS, disabled=True),
+        html.Div(id="updates-caption", className="control-hint"),
+        groups,
+    ]
+    return section("Compare with a fine-tuned checkpoint", children, "updates")
 
 
 def _estimators_section() -> html.Div:
