@@ -58,16 +58,25 @@ def mask_groups_figure(rows: list[GroupMaskShare], n_params: int, q: float, by: 
                 hovertext=hover,
                 hovertemplate="%{x}: %{y:.2%} of the mask<br>%{hovertext}<extra></extra>",
             ),
-            go.Bar(
-                x=groups,
-                y=[row.size / n_params if n_params else 0.0 for row in rows],
-                name="share of all parameters",
-                marker_color=PARAMS_COLOR,
-                hovertemplate="%{x}: %{y:.2%} of the parameters<extra></extra>",
-            ),
+            _parameters_bar(groups, [row.size for row in rows], n_params, "share of all parameters"),
         ]
     )
     _layout(figure, f"Top-{density_label(q)} mask per {by}", height=340)
+    return _share_axes(figure)
+
+
+def _parameters_bar(groups: list[str], sizes: list[int], n_params: int, name: str) -> go.Bar:
+    """Each group's share of all parameters: where a random set of any density would put its share."""
+    return go.Bar(
+        x=groups,
+        y=[size / n_params if n_params else 0.0 for size in sizes],
+        name=name,
+        marker_color=PARAMS_COLOR,
+        hovertemplate="%{x}: %{y:.2%} of the parameters<extra></extra>",
+    )
+
+
+def _share_axes(figure: go.Figure) -> go.Figure:
     figure.update_xaxes(type="category", automargin=True)
     figure.update_yaxes(tickformat=".0%", title="share", rangemode="tozero")
     return figure
@@ -212,18 +221,10 @@ def updates_groups_figure(
                 marker_color=MASK_COLOR,
                 hovertemplate="%{x}: %{y:.2%} of the mask<extra></extra>",
             ),
-            go.Bar(
-                x=groups,
-                y=[row.params / n_params if n_params else 0.0 for row in updates],
-                name="all parameters",
-                marker_color=PARAMS_COLOR,
-                hovertemplate="%{x}: %{y:.2%} of the parameters<extra></extra>",
-            ),
+            _parameters_bar(groups, [row.params for row in updates], n_params, "all parameters"),
         ]
     )
     _layout(figure, f"Updates per {by}: shares", height=360)
     # three entries wrap on a half-width figure: below the axis they cover no title
     figure.update_layout(legend={"y": -0.18, "yanchor": "top"}, margin={"t": 40, "b": 80})
-    figure.update_xaxes(type="category", automargin=True)
-    figure.update_yaxes(tickformat=".0%", title="share", rangemode="tozero")
-    return figure
+    return _share_axes(figure)
