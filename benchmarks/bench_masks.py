@@ -35,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from backend.mask_files import MaskFile  # noqa: E402
 from backend.registry import model_dir  # noqa: E402
 from backend.rewards import RewardKind, RewardRule  # noqa: E402
 from backend.settings import get_settings  # noqa: E402
@@ -247,6 +248,10 @@ def train_arm(arm: str, trainable, args, train, heldout, out: Path, start_reward
     }
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def write_curves(results: list[dict], path: Path) -> None:
     import plotly.graph_objects as go
 
@@ -320,11 +325,11 @@ def main() -> None:
         "model": MODEL,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "study_seconds": study_seconds,
-        "study_reward": study.get("reward"),
+        "study_mean_reward": _mean([r["reward"] for r in study["responses"] if r.get("reward") is not None]),
         "masks": {
-            "fisher": study.get("spec", {}),
-            "file": str(args.out / "fisher_masks.safetensors"),
-            "random_seed": args.seed,
+            "fisher": MaskFile.open(args.out / "fisher_masks.safetensors").metadata,
+            "policy_gradient": f"the top {args.q:g} of the study's |policy gradient| (same responses)",
+            "random": f"ceil(q P) coordinates drawn uniformly, seed {args.seed}",
         },
         "arms": results,
     }
