@@ -16,6 +16,7 @@ seconds from the POST to:
 
 Cases: `--tokens` (8,16) sampled tokens, each on the policy (T 1) and at T 0.7, top-k 50.
 Usage: .venv/bin/python benchmarks/bench_response.py [--tokens 8,16] [--model smollm2-135m]
+[--cases "on the policy,top-k 50 at T 0.7"]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from frontend.devserver import embedded_service, wait_until_ready  # noqa: E402
 from frontend.state import DashboardState, to_request  # noqa: E402
 from workers.throughput import measure_width  # noqa: E402
 
-CASES = {"on the policy": {}, "T 0.7, top-k 50": {"temperature": 0.7, "top_k": 50}}
+CASES = {"on the policy": {}, "top-k 50 at T 0.7": {"temperature": 0.7, "top_k": 50}}
 POLL_S = 0.5  # as the dashboard polls (its dcc.Interval)
 
 
@@ -79,7 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="8,16", help="sampled tokens per case, comma-separated")
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     args = parser.parse_args()
+    cases = {name: CASES[name] for name in args.cases.split(",")}
     cache = Path(tempfile.mkdtemp(prefix="bench-response-"))
     # nothing cached from an earlier run, and a quiet worker: no landing analysis (and its rho stage)
     # queued ahead of the cases
@@ -93,7 +96,7 @@ def main() -> None:
             warm = to_request(DashboardState(model=args.model, prefix="Hi"))
             run_case(client, warm)  # loads the model and its certificate
             for tokens in (int(t) for t in args.tokens.split(",")):
-                for case, sampler in CASES.items():
+                for case, sampler in cases.items():
                     state = DashboardState(model=args.model, sample_seed=0, sample_tokens=tokens, **sampler)
                     found = run_case(client, to_request(state))
                     result = found["result"]

@@ -1,7 +1,8 @@
 """A response's partial results: every position in the first, refined position by position to exact.
 
 The first partial is a pass over every position with its first moments whole and its Fisher cut to the
-first chunk of directions (the largest eigenvalues of C_mu); compared here, in float64, with a brute
+first chunk of directions (the largest eigenvalues of C_mu), or to none where the chunk would be a large
+part of them; compared here, in float64, with a brute
 force of that truncation: kappa from one backward per token, u = dh/dtheta recovered as pinv(W) kappa
 (the head W has full column rank on these models), and sum_{j<k} lambda_j (v_j^T u)^2.
 """
@@ -13,6 +14,7 @@ import torch
 
 from backend.vocabulary import Method, MethodName, SamplerKind
 from tests.tiny_models import BUDGET, tiny_llama
+from workers.fisher import response
 from workers.fisher.directions import first_chunk_directions
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
@@ -77,7 +79,13 @@ def _partials(model, sampler: Sampler, rho: bool = False) -> tuple[SequenceAnaly
     return result, seen
 
 
-def test_the_first_partial_is_every_positions_truncated_fisher_and_its_whole_first_moments():
+@pytest.mark.parametrize("chunk_share", [1.0, response.FIRST_PASS_CHUNK_SHARE])
+def test_the_first_partial_is_every_positions_truncated_fisher_and_its_whole_first_moments(
+    chunk_share, monkeypatch
+):
+    """At a share of 1 the first pass takes each position's first chunk; at the default, 16 directions
+    are too few for a chunk of 8 to 13: the first pass is the first moments and the head's closed form."""
+    monkeypatch.setattr(response, "FIRST_PASS_CHUNK_SHARE", chunk_share)
     model = tiny_llama(tied=False)
     sampler = Sampler(temperature=0.7)
     result, seen = _partials(model, sampler)
@@ -88,7 +96,8 @@ def test_the_first_partial_is_every_positions_truncated_fisher_and_its_whole_fir
     for t in range(RESPONSE.numel()):
         ids = full[: PREFIX.numel() + t]
         logits = model(input_ids=ids[None]).logits[0, -1].detach()
-        keep = first_chunk_directions(ids.numel())
+        keep = response.first_pass_directions(model.config.hidden_size, ids.numel())
+        assert keep == (first_chunk_directions(ids.numel()) if chunk_share == 1.0 else 0)
         assert keep < model.config.hidden_size  # a truncation, not the whole Fisher
         position = _truncated_fisher(model, ids, warped_distribution(logits, 0.7, None, 1.0), keep)
         total = sum(float(v.sum()) for v in position.values())

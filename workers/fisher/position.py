@@ -196,6 +196,11 @@ class FisherPlans:
         """Each Fisher's plan cut to its first ``count`` directions (``SecondMomentPlan.leading``)."""
         return FisherPlans(self.cov_mu, self.p_row, {k: p.leading(count) for k, p in self.plans.items()})
 
+    @property
+    def directions(self) -> int:
+        """The square directions of the Fisher under mu."""
+        return int(self.plans["fisher"].vectors.shape[0])
+
     def nbytes(self) -> int:
         """What keeping these plans holds: C_mu's eigenvectors and each plan's directions and probes."""
         arrays = [self.cov_mu.eigenvectors, self.p_row]

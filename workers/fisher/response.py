@@ -241,6 +241,18 @@ def analyze_sequence(
     return result
 
 
+# a response's first pass takes the first chunk of a position's Fisher directions only where the chunk
+# is at most this share of them (the exact pass repeats it); where a position has few directions (a
+# top-k sampler's k - 1), the first pass is its first moments and the head's closed form alone
+FIRST_PASS_CHUNK_SHARE = 0.1
+
+
+def first_pass_directions(plan_directions: int, context_length: int) -> int:
+    """Square directions a response's first pass takes at a position: its first chunk, or none."""
+    chunk = first_chunk_directions(context_length)
+    return chunk if chunk <= FIRST_PASS_CHUNK_SHARE * plan_directions else 0
+
+
 def _worth_a_first_pass(sampler: Sampler, method: Method) -> bool:
     """A response's first pass, for one process (under torchrun no partial results are asked for): for
     the exact method only, whose positions take hundreds of directions each (a truncated or sampled
@@ -252,10 +264,11 @@ def _worth_a_first_pass(sampler: Sampler, method: Method) -> bool:
 @dataclass
 class _FirstPass:
     """A response's first pass: every position with its first moments, the head's closed forms and the
-    first chunk of its Fisher's directions (the largest eigenvalues of C_mu), folded into sums of their
-    own. Its snapshot is a partial result that covers every position: first moments, mean shift, policy
-    gradient, chi^2 and the SFT identity complete, each Fisher a lower bound (but on a tied table's
-    context rows) with its position's kept share. As the exact pass finishes positions, their records
+    first chunk of its Fisher's directions (the largest eigenvalues of C_mu; none where that chunk would
+    be more than a tenth of them, ``first_pass_directions``), folded into sums of their own. Its
+    snapshot is a partial result that covers every position: first moments, mean shift, policy gradient,
+    chi^2 and the SFT identity complete, each Fisher a lower bound (but on a tied table's context rows)
+    with its position's kept share. As the exact pass finishes positions, their records
     replace the first pass's; the model's totals stay the first pass's until the exact result.
 
     Why a pass of its own rather than positions in rounds: the exact pass must see each position's
@@ -297,7 +310,7 @@ class _FirstPass:
                 method,
                 capture,
                 memory_budget_bytes=memory_budget_bytes,
-                planned=planned.leading(first_chunk_directions(capture.length)),
+                planned=planned.leading(first_pass_directions(planned.directions, capture.length)),
             )
             del capture
             record = _record(inputs, moments, forward.target(t))
