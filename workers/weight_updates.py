@@ -101,6 +101,7 @@ class Block:
     name: str
     before: torch.Tensor
     after: torch.Tensor
+    rows: tuple[int, int] | None = None  # (start, stop); None: the whole tensor (a scalar)
 
     def delta(self) -> torch.Tensor:
         """|after - before| in float32, flattened."""
@@ -209,7 +210,7 @@ class CheckpointPair:
                 rows = max(1, PIECE_VALUES // max(row, 1))
                 for start in range(0, shape[0], rows):
                     stop = min(start + rows, shape[0])
-                    yield Block(name, before[start:stop], after[start:stop])
+                    yield Block(name, before[start:stop], after[start:stop], (start, stop))
 
 
 def block_counts(block: Block) -> Counts:
@@ -392,25 +393,18 @@ def summarize(
 
 
 def _overlaps(pair: CheckpointPair, masks: MaskFile, top: TopSets) -> MaskOverlaps:
-    """One more pass: each block's sets against the same rows of every mask."""
+    """One more pass: each block's sets against the same rows of every mask (read as such a block)."""
     names = ["changed", "changed_bf16", *(f"top {q:g} |delta|" for q in top.fractions)]
     both = [[0] * len(masks.fractions) for _ in names]
     sizes = [0] * len(names)
     mask_sizes = [0] * len(masks.fractions)
     ties_taken = [0] * len(top.fractions)
-    current: tuple[str, list[torch.Tensor]] | None = None
-    offset = 0
     for block in pair.blocks():
-        if current is None or current[0] != block.name:
-            current = (
-                block.name,
-                [torch.from_numpy(masks.mask(q, block.name)).reshape(-1) for q in masks.fractions],
-            )
-            offset = 0
         delta = block.delta()
-        size = delta.numel()
-        rows = [m[offset : offset + size].bool() for m in current[1]]
-        offset += size
+        rows = [
+            torch.from_numpy(masks.mask_rows(q, block.name, block.rows)).reshape(-1).bool()
+            for q in masks.fractions
+        ]
         sets = [
             differs(block.before, block.after).reshape(-1),
             differs(block.before.to(torch.bfloat16), block.after.to(torch.bfloat16)).reshape(-1),
