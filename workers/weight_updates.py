@@ -1,6 +1,6 @@
 """Where a fine-tuning run changed the weights: two checkpoints of one model compared tensor by tensor.
 
-For every parameter: how many coordinates changed exactly (any bit of the value), how many changed
+For every parameter: how many coordinates changed (the stored values differ), how many changed
 visibly in bf16 (both values rounded to bfloat16 differ: the comparison the papers on the sparsity of
 RL updates make, under which a change below about half a bf16 step, 2^-9 of the value, vanishes), and
 the global top-q sets by |delta| (float32, exact thresholds, ties by index as in the Fisher masks). With
@@ -242,18 +242,25 @@ class TopSets:
         return out
 
 
-def top_sets(pair: CheckpointPair, fractions: Sequence[float]) -> TopSets:
-    """Exact thresholds from a histogram and one pass over the boundary bins, then a count above each."""
+def counted_top_sets(pair: CheckpointPair, fractions: Sequence[float]) -> tuple[dict[str, Counts], TopSets]:
+    """Each tensor's counts in the histogram's pass, then the exact thresholds from one pass over the
+    boundary bins, then a count above each (three reads of both checkpoints)."""
+    per_tensor = {name: Counts() for name in pair.layout.names}
+
+    def counted() -> Iterator[torch.Tensor]:
+        for block in pair.blocks():
+            per_tensor[block.name].add(block_counts(block))
+            yield block.delta()
 
     def deltas() -> Iterator[torch.Tensor]:
         return (block.delta() for block in pair.blocks())
 
-    found = thresholds(histogram(deltas()), deltas, fractions)
+    found = thresholds(histogram(counted()), deltas, fractions)
     above = [0] * len(found)
     for delta in deltas():
         for i, threshold in enumerate(found):
             above[i] += int((delta > threshold.value).sum())
-    return TopSets(tuple(fractions), found, above)
+    return per_tensor, TopSets(tuple(fractions), found, above)
 
 
 @dataclass
@@ -356,13 +363,9 @@ def summarize(
     fractions = tuple(sorted(set(fractions)))
     layout, n_params = pair.layout, pair.n_params
 
-    report("changed", 0.0)
-    per_tensor = {name: Counts() for name in layout.names}
-    for block in pair.blocks():
-        per_tensor[block.name].add(block_counts(block))
-    report("top q", 0.3)
-    top = top_sets(pair, fractions)
-    report("masks", 0.8)
+    report("changed, top q", 0.0)
+    per_tensor, top = counted_top_sets(pair, fractions)
+    report("masks", 0.75)
     overlaps = None if masks is None else _overlaps(pair, masks, top)
     report("masks", 1.0)
 
