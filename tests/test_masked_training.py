@@ -37,6 +37,21 @@ def _batch(seed: int = 0, vocab: int = 37) -> torch.Tensor:  # the tiny models' 
     return torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(seed))
 
 
+def _trainer_arguments(folder) -> dict:
+    """A trainer's arguments for a few steps on the CPU: AdamW's decay and clipping on, nothing saved
+    or reported."""
+    return {
+        "output_dir": str(folder),
+        "learning_rate": 1e-2,
+        "weight_decay": 0.1,
+        "max_grad_norm": 1.0,
+        "report_to": [],
+        "use_cpu": True,
+        "save_strategy": "no",
+        "logging_strategy": "no",
+    }
+
+
 def _assert_frozen_and_moved(model, before: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> None:
     moved = 0
     for name, param in model.named_parameters():
@@ -64,10 +79,10 @@ def test_frozen_weights_stay_bit_identical_under_each_optimizer(kind):
         optimizer.step()
         optimizer.zero_grad()
     _assert_frozen_and_moved(model, before, masks)
-    for param, mask in optimizer.masked.masks.items():
+    for param, frozen in optimizer.masked.frozen.items():
         for value in optimizer.state[param].values():
             if isinstance(value, torch.Tensor) and value.shape == param.shape:
-                assert not value[~mask].any()
+                assert not value[frozen].any()
 
 
 def test_a_resumed_optimizer_state_moves_no_frozen_weight():
@@ -96,18 +111,7 @@ def test_transformers_trainer_with_the_masked_optimizer(tmp_path):
     masks = _random_masks(model)
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     data = [{"input_ids": row, "labels": row} for row in _batch().repeat(4, 1)]
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=3,
-        per_device_train_batch_size=2,
-        learning_rate=1e-2,
-        weight_decay=0.1,
-        max_grad_norm=1.0,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
-    )
+    args = TrainingArguments(max_steps=3, per_device_train_batch_size=2, **_trainer_arguments(tmp_path))
     optimizer = mask_optimizer(
         torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.1), model, masks
     )
@@ -181,19 +185,12 @@ def test_grpo_with_trl_inside_a_mask(tmp_path):
         return [float(sum(map(ord, text)) % 7) for text in completions]
 
     config = GRPOConfig(
-        output_dir=str(tmp_path),
         max_steps=2,
         per_device_train_batch_size=4,
         num_generations=4,
         max_completion_length=8,
-        learning_rate=1e-2,
-        weight_decay=0.1,
-        max_grad_norm=1.0,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
         seed=0,
+        **_trainer_arguments(tmp_path),
     )
     optimizer = mask_optimizer(
         torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.1), model, masks

@@ -32,39 +32,38 @@ class MaskedOptimizer:
     """The hooks ``mask_optimizer`` attached; ``remove()`` detaches them (weight decay given back)."""
 
     optimizer: torch.optim.Optimizer
-    masks: dict[nn.Parameter, torch.Tensor]
+    # bool per parameter, True outside the mask: every hook fills these coordinates, so the complement of
+    # the trainable mask is taken once, not at every backward and step
+    frozen: dict[nn.Parameter, torch.Tensor]
     decay: list[float]
     handles: list = field(default_factory=list)
-
-    @property
-    def trainable(self) -> int:
-        return sum(int(mask.sum()) for mask in self.masks.values())
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         for group, weight_decay in zip(optimizer.param_groups, self.decay, strict=True):
             decoupled = group.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW))
             for param in group["params"]:
-                mask = self.masks.get(param)
-                if mask is None or param.grad is None:
+                frozen = self.frozen.get(param)
+                if frozen is None or param.grad is None:
                     continue
-                param.grad.masked_fill_(~mask, 0.0)  # a gradient written by other means than backward
+                param.grad.masked_fill_(frozen, 0.0)  # a gradient written by other means than backward
                 if not weight_decay:
                     continue
                 with torch.no_grad():
                     if decoupled:
                         # times exactly 1.0 outside the mask: the stored bits do not move
-                        param.mul_(torch.where(mask, 1.0 - group["lr"] * weight_decay, 1.0).to(param.dtype))
+                        factor = torch.where(frozen, 1.0, 1.0 - group["lr"] * weight_decay)
+                        param.mul_(factor.to(param.dtype))
                     else:
-                        param.grad.add_(param.detach() * mask, alpha=weight_decay)
+                        param.grad.add_(param.detach().masked_fill(frozen, 0.0), alpha=weight_decay)
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         self.zero_state_outside()
 
     def zero_state_outside(self) -> None:
-        for param, mask in self.masks.items():
+        for param, frozen in self.frozen.items():
             for value in self.optimizer.state.get(param, {}).values():
                 if isinstance(value, torch.Tensor) and value.shape == param.shape:
-                    value.masked_fill_(~mask, 0)
+                    value.masked_fill_(frozen, 0)
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -87,22 +86,22 @@ def mask_optimizer(
     if missing or unknown:
         which = f"no mask for {missing[0]!r}" if missing else f"a mask for {unknown[0]!r}, not a parameter"
         raise MaskMismatch(f"the masks do not fit this model: {which}")
-    masks = {}
+    frozen = {}
     for name, param in params.items():
         mask = trainable[name]
         if tuple(mask.shape) != tuple(param.shape):
             raise MaskMismatch(
                 f"the mask of {name!r} is {list(mask.shape)}, the parameter {list(param.shape)}"
             )
-        masks[param] = mask.to(device=param.device, dtype=torch.bool)
+        frozen[param] = ~mask.to(device=param.device, dtype=torch.bool)
     decay = [float(group.get("weight_decay", 0.0) or 0.0) for group in optimizer.param_groups]
     for group in optimizer.param_groups:
         if "weight_decay" in group:
             group["weight_decay"] = 0.0
-    masked = MaskedOptimizer(optimizer, masks, decay)
-    for param, mask in masks.items():
+    masked = MaskedOptimizer(optimizer, frozen, decay)
+    for param, outside in frozen.items():
         if param.requires_grad:
-            masked.handles.append(param.register_hook(lambda grad, mask=mask: grad.masked_fill(~mask, 0.0)))
+            masked.handles.append(param.register_hook(lambda grad, out=outside: grad.masked_fill(out, 0.0)))
     masked.handles.append(optimizer.register_step_pre_hook(masked._before_step))
     masked.handles.append(optimizer.register_step_post_hook(masked._after_step))
     masked.zero_state_outside()  # a resumed optimizer's state would move frozen weights

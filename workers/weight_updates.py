@@ -59,11 +59,7 @@ class Checkpoint:
     def open(cls, id_or_folder: str) -> Checkpoint:
         folder = Path(id_or_folder).expanduser()
         if folder.is_dir():
-            files = weight_files(folder)
-            if not files or files[0].suffix != ".safetensors":
-                raise UpdatesError(
-                    f"{folder} holds no *.safetensors weights; save the checkpoint as safetensors"
-                )
+            files = _safetensors(folder)
             return cls(id_or_folder, folder, sha256_digest(files), files)
         try:
             check_id(id_or_folder)
@@ -78,8 +74,7 @@ class Checkpoint:
                 f"{id_or_folder} is not in the cache yet; run fisherscope fetch {id_or_folder}"
             ) from None
         folder = model_dir(id_or_folder)
-        files = [f for f in weight_files(folder) if f.suffix == ".safetensors"]
-        return cls(id_or_folder, folder, info.digest, files, info.trust_remote_code)
+        return cls(id_or_folder, folder, info.digest, _safetensors(folder), info.trust_remote_code)
 
     def layout(self) -> HeadLayout:
         """Parameter names and shapes, the head and the embedding, from the config (meta device)."""
@@ -92,6 +87,14 @@ class Checkpoint:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
         return HeadLayout.of(model)
+
+
+def _safetensors(folder: Path) -> list[Path]:
+    """The folder's weight files, which must be safetensors (read a block of rows at a time)."""
+    files = weight_files(folder)
+    if not files or files[0].suffix != ".safetensors":
+        raise UpdatesError(f"{folder} holds no *.safetensors weights; save the checkpoint as safetensors")
+    return files
 
 
 @dataclass(frozen=True)
@@ -213,10 +216,16 @@ class CheckpointPair:
                     yield Block(name, before[start:stop], after[start:stop], (start, stop))
 
 
-def block_counts(block: Block) -> Counts:
+def changed(block: Block) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool, flattened: the coordinates that changed, and those that changed visibly in bf16."""
     exact = differs(block.before, block.after)
     rounded = differs(block.before.to(torch.bfloat16), block.after.to(torch.bfloat16))
-    return Counts(block.before.numel(), int(exact.sum()), int(rounded.sum()))
+    return exact.reshape(-1), rounded.reshape(-1)
+
+
+def block_counts(block: Block) -> Counts:
+    exact, rounded = changed(block)
+    return Counts(exact.numel(), int(exact.sum()), int(rounded.sum()))
 
 
 @dataclass
@@ -408,11 +417,7 @@ def _overlaps(pair: CheckpointPair, masks: MaskFile, top: TopSets) -> MaskOverla
             torch.from_numpy(masks.mask_rows(q, block.name, block.rows)).reshape(-1).bool()
             for q in masks.fractions
         ]
-        sets = [
-            differs(block.before, block.after).reshape(-1),
-            differs(block.before.to(torch.bfloat16), block.after.to(torch.bfloat16)).reshape(-1),
-            *top.members(delta, ties_taken),
-        ]
+        sets = [*changed(block), *top.members(delta, ties_taken)]
         for i, members in enumerate(sets):
             sizes[i] += int(members.sum())
             for j, mask in enumerate(rows):
