@@ -266,7 +266,8 @@ class AnalysisSummary(_Strict):
     rho_available: bool = Field(
         ...,
         description="rho was computed: on the policy always; off it only when asked (request field rho), "
-        "else every rho_mean is null and no rho arrays exist",
+        "else every rho_mean is null and no rho arrays exist. A response's partial results have no rho "
+        "(false) until the exact result",
     )
     processes: int = Field(..., description="processes the directions were split over (torchrun); 1 alone")
     directions_per_process: list[int] = Field(

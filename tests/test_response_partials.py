@@ -28,16 +28,20 @@ PREFIX = torch.tensor([3, 5, 8, 7, 11, 4])
 RESPONSE = torch.tensor([9, 4, 2, 6])
 
 
-def _truncated_fisher(model, ids: torch.Tensor, mu: torch.Tensor, keep: int) -> dict[str, torch.Tensor]:
+def _truncated_fisher(
+    model, ids: torch.Tensor, mu: torch.Tensor, keep: int
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
     """The Fisher at the last position of ``ids`` cut to C_mu's ``keep`` largest eigen-directions off
-    the head (whose closed form is whole); the untied head is linear, so j_a = w_a."""
+    the head (whose closed form is whole; the untied head is linear, so j_a = w_a), and every exact
+    moment there (``brute_force_moments``)."""
     logits, kappa = brute_force_logit_sensitivities(model, ids)
     head = model.get_output_embeddings().weight.detach()  # [V, d]
     covariance = head.T @ (torch.diag(mu) - torch.outer(mu, mu)) @ head
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
     lam, vectors = eigenvalues.flip(0)[:keep], eigenvectors.flip(1)[:, :keep]
     inverse = torch.linalg.pinv(head)  # [d, V]: u = dh/dtheta from kappa = W u
-    exact = brute_force_moments(kappa, torch.softmax(logits, -1), mu, None)["fisher"]
+    moments = brute_force_moments(kappa, torch.softmax(logits, -1), mu, None)
+    exact = moments["fisher"]
     out = {}
     for name, k in kappa.items():
         if k is kappa.get("lm_head.weight"):
@@ -45,7 +49,7 @@ def _truncated_fisher(model, ids: torch.Tensor, mu: torch.Tensor, keep: int) -> 
             continue
         u = inverse @ k.reshape(k.shape[0], -1)  # [d, n]
         out[name] = (lam[:, None] * (vectors.T @ u).square()).sum(0).reshape(k.shape[1:])
-    return out
+    return out, moments
 
 
 def _partials(model, sampler: Sampler, rho: bool = False) -> tuple[SequenceAnalysis, list[dict]]:
@@ -59,7 +63,8 @@ def _partials(model, sampler: Sampler, rho: bool = False) -> tuple[SequenceAnaly
                 "kept_share": kept_share,
                 "positions": [r.moments_totals["fisher"] for r in sequence.positions],
                 "kept": [r.kept_share for r in sequence.positions],
-                "fisher": {n: v.clone() for n, v in sequence.sums.iter_stat("fisher")},
+                "tensors": {t["name"]: t["totals"] for t in sequence.model_part["tensors"]},
+                "model_totals": sequence.model_part["totals"],
                 "mean_shift": {n: v.clone() for n, v in sequence.sums.iter_stat("mean_shift")},
                 "accumulated": list(sequence.accumulated_shift_sq),
                 "sft": sequence.sft_gradient,
@@ -92,21 +97,44 @@ def test_the_first_partial_is_every_positions_truncated_fisher_and_its_whole_fir
     first = seen[0]
     assert len(first["positions"]) == RESPONSE.numel()
     full = torch.cat([PREFIX, RESPONSE])
-    expected: dict[str, torch.Tensor] = {}
+    # per tensor: the truncated Fisher, the uncentered and raw Fisher on it (fisher + m^2, fisher +
+    # kbar_mu^2), summed over positions; the summed mean shift and common component
+    expected: dict[str, dict[str, float]] = {}
+    shift: dict[str, torch.Tensor] = {}
+    common: dict[str, torch.Tensor] = {}
     for t in range(RESPONSE.numel()):
         ids = full[: PREFIX.numel() + t]
         logits = model(input_ids=ids[None]).logits[0, -1].detach()
         keep = response.first_pass_directions(model.config.hidden_size, ids.numel())
         assert keep == (first_chunk_directions(ids.numel()) if chunk_share == 1.0 else 0)
         assert keep < model.config.hidden_size  # a truncation, not the whole Fisher
-        position = _truncated_fisher(model, ids, warped_distribution(logits, 0.7, None, 1.0), keep)
+        mu = warped_distribution(logits, 0.7, None, 1.0)
+        position, moments = _truncated_fisher(model, ids, mu, keep)
         total = sum(float(v.sum()) for v in position.values())
         assert first["positions"][t] == pytest.approx(total, rel=1e-9)
         assert first["kept"][t] < 1.0
         for name, value in position.items():
-            expected[name] = expected[name] + value if name in expected else value
-    for name, value in expected.items():
-        torch.testing.assert_close(first["fisher"][name], value, rtol=1e-9, atol=1e-12)
+            exact_fisher = moments["fisher"][name]
+            found = {
+                "fisher": value,
+                "uncentered": value + moments["uncentered"][name] - exact_fisher,
+                "raw": value + moments["raw"][name] - exact_fisher,
+            }
+            sums = expected.setdefault(name, dict.fromkeys(found, 0.0))
+            for key, stat in found.items():
+                sums[key] += float(stat.sum())
+            shift[name] = shift.get(name, 0) + moments["mean_shift"][name]
+            common[name] = common.get(name, 0) + moments["common"][name]
+    for name, sums in expected.items():
+        sums["mean_shift_sq"] = float(shift[name].square().sum())
+        sums["common_sq"] = float(common[name].square().sum())
+        found = first["tensors"][name]
+        assert found["rho_mean"] is None  # a ratio per parameter: not in a first partial
+        for key, value in sums.items():
+            assert found[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, key)
+    for key in ("fisher", "uncentered", "raw", "mean_shift_sq", "common_sq"):
+        over_model = sum(sums[key] for sums in expected.values())
+        assert first["model_totals"][key] == pytest.approx(over_model, rel=1e-9)
     # the first moments are whole at once: the mean shift and its accumulation are the exact result's
     for name, value in first["mean_shift"].items():
         torch.testing.assert_close(value, result.sums.stat("mean_shift", name), rtol=1e-12, atol=1e-14)
@@ -164,21 +192,22 @@ def test_a_tied_tables_first_partial_and_responses_without_a_first_pass():
     assert truncated == []
 
 
-def test_once_the_model_part_is_recorded_the_first_passs_second_moments_go():
-    """The reader records the model's part of the first partial's summary; later snapshots carry it and
-    read the exact pass's sums, so the first pass's Fisher is no longer held."""
+def test_the_first_passs_model_part_holds_every_partial_and_no_second_moment_is_summed():
+    """The first pass makes the model's part of the partial summaries from per-tensor totals: every
+    partial carries it, and no partial's sums hold a parameter-sized Fisher or square."""
     model = tiny_llama(tied=False)
-    snapshots: list[tuple[dict | None, int]] = []
+    snapshots: list[tuple[dict | None, set[str]]] = []
 
     def on_partial(snapshot, kept_share: float) -> None:
         sequence = snapshot()
-        if sequence.model_part is None:
-            sequence.model_part = {"recorded": len(snapshots)}
-        snapshots.append((sequence.model_part, id(sequence.sums)))
+        snapshots.append((sequence.model_part, set(sequence.sums.sums)))
 
     result = analyze_sequence(
         model, PREFIX, RESPONSE, Sampler(temperature=0.7), Method(), memory_budget_bytes=BUDGET,
         on_partial=on_partial,
     )  # fmt: skip
-    assert [part for part, _ in snapshots] == [{"recorded": 0}] * RESPONSE.numel()
-    assert {sums for _, sums in snapshots[1:]} == {id(result.sums)}
+    first_part = snapshots[0][0]
+    assert first_part is not None and first_part["concentration"] is None
+    assert all(part is first_part for part, _ in snapshots)
+    assert all(keys == {"mean_shift", "common"} for _, keys in snapshots)
+    assert {"fisher", "mean_shift_sq", "kbar_mu_sq"} <= set(result.sums.sums)

@@ -345,7 +345,9 @@ def build_summary(
             "kept_share": min(r.kept_share for r in sequence.positions),
             "missing_estimate": max(r.missing_estimate for r in sequence.positions),
         },
-        "rho_available": sequence.sums.has_rho,
+        # where the totals have rho's mean: not in a response's first partial, which sums no per-parameter
+        # ratio (``response.first_pass_model_part``)
+        "rho_available": whole["totals"]["rho_mean"] is not None,
         "processes": len(per_process),
         "directions_per_process": per_process,
         "positions": positions,

@@ -18,7 +18,7 @@ from frontend.plots import (
     stat_for_centering,
     stat_total,
 )
-from frontend.slides.common import num
+from frontend.slides.common import num, partial_positions
 
 TITLE = "3. One position: the Fisher is a spread of sensitivities"
 CLAIM = (
@@ -118,6 +118,8 @@ def where_centering_removes_most(summary: AnalysisSummary) -> str:
         )
     if summary.rho_available:
         return "mean ρ is not a finite number in any kind here."
+    if any(partial_positions(summary)):  # a response's partial sums no ratio per parameter
+        return "ρ, the share centering removes, is a ratio per parameter: it comes with the exact result."
     return (
         "ρ, the share centering removes, needs the Fisher under p as well, "
         f"{summary.model.d_model} more backward directions per position off the policy: it is being "

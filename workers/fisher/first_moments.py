@@ -176,7 +176,7 @@ class Factored:
         return self.plus(*other.scaled(-1.0).terms)
 
     def add_into(self, target: torch.Tensor) -> None:
-        for term in self.terms:
+        for term in _merged(self.terms):
             term.add_into(target, first=False)
 
     def square_sum(self) -> float | None:
@@ -194,16 +194,45 @@ class Factored:
     def form(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The tensor, in ``out`` (shaped like it) or a fresh array: the first term that covers it writes
         it, zeros only where none does."""
-        covering = next((t for t in self.terms if t.covers), None)
+        terms = _merged(self.terms)
+        covering = next((t for t in terms if t.covers), None)
         target = torch.empty(self.shape, dtype=self.dtype, device=self.device) if out is None else out
         if covering is None:
             target.zero_()
         else:
             covering.add_into(target, first=True)
-        for term in self.terms:
+        for term in terms:
             if term is not covering:
                 term.add_into(target, first=False)
         return target
+
+
+def _merged(terms: tuple[Term, ...]) -> list[Term]:
+    """The terms with every matrix use's terms on one recorded feature (the same array: kbar under mu
+    and under p of one position, in a mean shift) made one, their deltas combined: one product of the
+    tensor's size instead of one per term (a mean shift's were a third of a response's first pass), and
+    no less exact (the difference of the deltas is taken before the product). Square sums keep the
+    terms apart (``square_sum``: a float64 difference of the products)."""
+    merged: list[Term] = []
+    same: dict[tuple[int, bool, int | None], int] = {}  # (feature, transposed, index) -> at in merged
+    for term in terms:
+        if not isinstance(term, OuterRows):
+            merged.append(term)
+            continue
+        key = (id(term.feature), term.transposed, term.index)
+        at = same.get(key)
+        if at is None:
+            same[key] = len(merged)
+            merged.append(term)
+            continue
+        first = merged[at]
+        assert isinstance(first, OuterRows)
+        merged[at] = replace(first, delta=_scaled(first) + _scaled(term), scale=1.0)
+    return merged
+
+
+def _scaled(term: OuterRows) -> torch.Tensor:
+    return term.delta if term.scale == 1.0 else term.delta * term.scale
 
 
 @dataclass(frozen=True)

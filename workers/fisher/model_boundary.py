@@ -90,7 +90,7 @@ class BoundaryPass:
                 totals.candidates[stat].extend(in_tensor(more, piece))
             for b, values in mine.items():
                 fisher_members.setdefault(piece.tensor, {}).setdefault(b, []).append(values)
-        for entry in totals.tensors:
+        for entry in totals.grouped.tensors:
             plan = self.tensor_plans.get(entry["name"])
             shares = (
                 named_shares(

@@ -99,6 +99,56 @@ class _Group:
         return totals
 
 
+class TotalsGroups:
+    """Each tensor's totals, and their sums per layer, module kind and the model: the totals part of a
+    summary (``groups``). A tensor may come in blocks of rows, in order (``add``'s ``blocks``)."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], head_name: str, embedding_name: str):
+        self.shapes, self.head_name, self.embedding_name = shapes, head_name, embedding_name
+        self.tensors: list[dict[str, Any]] = []
+        self.layers: dict[int | str, _Group] = {}
+        self.kinds: dict[str, _Group] = {}
+        self.model = _Group()
+        self.in_blocks: dict[str, _Group] = {}  # a tensor read in blocks: its totals so far
+
+    def add(self, tensor: str, totals: dict[str, float | None], numel: int, blocks: bool = False) -> None:
+        """``totals`` of ``numel`` values of ``tensor``: the whole tensor, or (``blocks``) its next block."""
+        kind = module_kind(tensor, self.head_name, self.embedding_name)
+        layer = layer_of(tensor, self.embedding_name)
+        if not blocks or tensor not in self.in_blocks:
+            self.tensors.append(
+                {
+                    "name": tensor,
+                    "layer": layer,
+                    "kind": kind,
+                    "shape": list(self.shapes[tensor]),
+                    "numel": math.prod(self.shapes[tensor]),
+                    "totals": totals,
+                    "concentration": None,  # the Fisher's named shares in it: a full summary's second pass
+                }
+            )
+        if blocks:
+            so_far = self.in_blocks.setdefault(tensor, _Group())
+            so_far.add(totals, numel)
+            self.tensors[-1]["totals"] = so_far.finished()
+        for group in (
+            self.layers.setdefault(layer, _Group()),
+            self.kinds.setdefault(kind, _Group()),
+            self.model,
+        ):
+            group.add(totals, numel)
+
+    def groups(self) -> dict:
+        return {
+            "totals": self.model.finished(),
+            "tensors": self.tensors,
+            "layers": [
+                {"layer": k, "numel": g.numel, "totals": g.finished()} for k, g in self.layers.items()
+            ],
+            "kinds": [{"kind": k, "numel": g.numel, "totals": g.finished()} for k, g in self.kinds.items()],
+        }
+
+
 def _distinct_stats(sums: MomentSums, stats: tuple[str, ...]) -> list[str]:
     """Stats that need their own computation: no alias of another, not zero by construction."""
     out: list[str] = []
@@ -126,17 +176,13 @@ class TotalsPass:
         self.tensor_shapes = sums.shapes
         sums, self.pieces = sums.in_pieces()
         self.sums = sums
-        self.piece_totals: dict[str, _Group] = {}  # a tensor read in pieces: its totals so far
         self.head_name, self.embedding_name = head_name, embedding_name
         # the curve stats' totals are the float64 sums of the values they bin, light or not (a partial's
         # totals are the final ones'); only a full summary bins them, for curves and a second pass
         self.binned = _distinct_stats(sums, curve_stats)
         self.curve = [] if light else self.binned
         self.top_stats = [] if light else _distinct_stats(sums, TOP_STATS)
-        self.tensors: list[dict[str, Any]] = []
-        self.layers: dict[int | str, _Group] = {}
-        self.kinds: dict[str, _Group] = {}
-        self.model = _Group()
+        self.grouped = TotalsGroups(self.tensor_shapes, head_name, embedding_name)
         self.hists: dict[str, dict[str, Histogram]] = {stat: {} for stat in self.curve}
         self.candidates: dict[str, list[Candidate]] = {stat: [] for stat in self.top_stats}
         self.totals_of = dict(_TOTALS, **(_REWARD_TOTALS if sums.has_reward else {}))
@@ -286,32 +332,9 @@ class TotalsPass:
             self.hists[stat][name] = hist
         for stat, found in first.candidates.items():
             self.candidates[stat].extend(in_tensor(found, piece))
-        numel = math.prod(self.sums.shapes[name])
-        tensor = piece.tensor
-        kind = module_kind(tensor, self.head_name, self.embedding_name)
-        layer = layer_of(tensor, self.embedding_name)
-        if piece.offset == 0:
-            self.tensors.append(
-                {
-                    "name": tensor,
-                    "layer": layer,
-                    "kind": kind,
-                    "shape": list(self.tensor_shapes[tensor]),
-                    "numel": math.prod(self.tensor_shapes[tensor]),
-                    "totals": first.totals,
-                    "concentration": None,  # the Fisher's named shares in it: a full summary's second pass
-                }
-            )
-        if piece.rows is not None:  # the tensor's totals: its pieces' so far
-            so_far = self.piece_totals.setdefault(tensor, _Group())
-            so_far.add(first.totals, numel)
-            self.tensors[-1]["totals"] = so_far.finished()
-        for group in (
-            self.layers.setdefault(layer, _Group()),
-            self.kinds.setdefault(kind, _Group()),
-            self.model,
-        ):
-            group.add(first.totals, numel)
+        self.grouped.add(
+            piece.tensor, first.totals, math.prod(self.sums.shapes[name]), blocks=piece.rows is not None
+        )
 
     def terms_or_formed(self, stat: str, name: str) -> Stat:
         """The stat's terms where it is a sum of stored arrays, else the stat formed in the scratch."""
@@ -327,11 +350,4 @@ class TotalsPass:
         return square_total([value]) if squared else float(value.sum())
 
     def groups(self) -> dict:
-        return {
-            "totals": self.model.finished(),
-            "tensors": self.tensors,
-            "layers": [
-                {"layer": k, "numel": g.numel, "totals": g.finished()} for k, g in self.layers.items()
-            ],
-            "kinds": [{"kind": k, "numel": g.numel, "totals": g.finished()} for k, g in self.kinds.items()],
-        }
+        return self.grouped.groups()

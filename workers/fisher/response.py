@@ -8,6 +8,7 @@ are asked for, a cheap first pass over every position comes first (``_FirstPass`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from torch import nn
 from backend.vocabulary import Method, MethodName
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.directions import first_chunk_directions
+from workers.fisher.model_totals import TotalsGroups
 from workers.fisher.position import (
     FisherPlans,
     HeadLayout,
@@ -28,7 +30,7 @@ from workers.fisher.position import (
 )
 from workers.fisher.sampler import Sampler, model_distribution, sampler_distribution
 from workers.fisher.shards import current_shard
-from workers.fisher.stats import MomentSums, square_total_of
+from workers.fisher.stats import MomentSums, square_sums_of, square_total_of
 
 Progress = Callable[[str, float], None]
 SequencePartial = Callable[[Callable[[], "SequenceAnalysis"], float], None]
@@ -75,24 +77,40 @@ def next_token_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids[None], use_cache=False).logits[0].double()  # exact for float32 too
 
 
-def _position_totals(m: PositionMoments, on_policy: bool) -> dict[str, float]:
-    fisher = sum(float(v.sum()) for v in m.fisher.values())
-    common_sq = square_total_of(m.kbar_p)
-    if on_policy:
-        shift_sq, raw = 0.0, fisher + common_sq
-    else:
-        shift_sq = square_total_of(m.kbar_mu.minus(m.kbar_p))
-        raw = fisher + square_total_of(m.kbar_mu)
+def tensor_totals(m: PositionMoments, on_policy: bool) -> dict[str, dict[str, float]]:
+    """A position's totals per tensor, by key: its Fisher, the squares of its first moments (the mean
+    shift, the common component, kbar under mu off the policy and, with a reward, the policy gradient),
+    and the bound. The squares are summed from the first moments' small forms (``square_sums_of``)."""
+    totals = {
+        "fisher": {name: float(v.sum()) for name, v in m.fisher.items()},
+        "common_sq": square_sums_of(m.kbar_p),
+    }
+    if not on_policy:
+        totals["mean_shift_sq"] = square_sums_of(m.kbar_mu.minus(m.kbar_p))
+        totals["kbar_mu_sq"] = square_sums_of(m.kbar_mu)
+    if m.policy_grad is not None and m.reward_std is not None:
+        totals["policy_grad_sq"] = square_sums_of(m.policy_grad)
+        totals["bound"] = {
+            name: m.reward_std * float(v.clamp_min(0).sqrt().sum()) for name, v in m.fisher.items()
+        }
+    return totals
+
+
+def _position_totals(per_tensor: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The position's totals over the model (``tensor_totals`` added up)."""
+    added = {key: sum(values.values()) for key, values in per_tensor.items()}
+    fisher, common_sq = added["fisher"], added["common_sq"]
+    shift_sq = added.get("mean_shift_sq", 0.0)
     totals = {
         "fisher": fisher,
         "uncentered": fisher + shift_sq,
-        "raw": raw,
+        "raw": fisher + added.get("kbar_mu_sq", common_sq),
         "mean_shift_sq": shift_sq,
         "common_sq": common_sq,
     }
-    if m.policy_grad is not None and m.reward_std is not None:
-        totals["policy_grad_sq"] = square_total_of(m.policy_grad)
-        totals["bound"] = m.reward_std * sum(float(v.clamp_min(0).sqrt().sum()) for v in m.fisher.values())
+    if "bound" in added:
+        totals["policy_grad_sq"] = added["policy_grad_sq"]
+        totals["bound"] = added["bound"]
     return totals
 
 
@@ -199,12 +217,11 @@ def analyze_sequence(
             forward, layout, method, reward, fisher_under_p, memory_budget_bytes, report
         )
         on_partial(first_pass.snapshot, first_pass.kept_share())
-        # its first moments are whole: the exact pass adds the second moments only
+        # its first moments are whole: the exact pass adds the second moments and the squares
         first = first_pass.analysis
         result = SequenceAnalysis(
             first.sums.second_moments_over(), accumulated_shift_sq=list(first.accumulated_shift_sq)
         )
-        first_pass.settle(result.sums)
     for t in range(n_positions):
         target = forward.target(t)
         p, mu = forward.distributions(t)
@@ -228,7 +245,7 @@ def analyze_sequence(
             planned=None if first_pass is None else first_pass.take_plans(t),
         )
         del capture
-        record = _record(inputs, moments, target)
+        record = _record(inputs, moments, target, tensor_totals(moments, inputs.on_policy))
         _fold_position(
             result, record, moments, sampler.is_on_policy, observe, first_moments=first_pass is None
         )
@@ -265,19 +282,25 @@ def _worth_a_first_pass(sampler: Sampler, method: Method) -> bool:
 class _FirstPass:
     """A response's first pass: every position with its first moments, the head's closed forms and the
     first chunk of its Fisher's directions (the largest eigenvalues of C_mu; none where that chunk would
-    be more than a tenth of them, ``first_pass_directions``), folded into sums of their own. Its
-    snapshot is a partial result that covers every position: first moments, mean shift, policy gradient,
-    chi^2 and the SFT identity complete, each Fisher a lower bound (but on a tied table's context rows)
-    with its position's kept share. As the exact pass finishes positions, their records
-    replace the first pass's; the model's totals stay the first pass's until the exact result.
+    be more than a tenth of them, ``first_pass_directions``). Its snapshot is a partial result that
+    covers every position: first moments, mean shift, policy gradient, chi^2 and the SFT identity
+    complete, each Fisher a lower bound (but on a tied table's context rows) with its position's kept
+    share. As the exact pass finishes positions, their records replace the first pass's; the model's
+    totals stay the first pass's until the exact result.
+
+    What it keeps: the first moments summed as arrays (the exact pass takes them over,
+    ``MomentSums.second_moments_over``), and of the Fisher and the squares only each tensor's totals
+    (``tensor_totals``), from which the snapshot's model part is made (``first_pass_model_part``): all that
+    a partial result's light summary reads. Why: summed per parameter, a position's Fisher and squares
+    were half of the pass's time (a fresh parameter-sized array per stat, then an addition into it per
+    position), which the exact pass spends again.
 
     Why a pass of its own rather than positions in rounds: the exact pass must see each position's
     whole Fisher at once (the bound and the kept roots take its square root), and keeping a paused
     position's sums would hold a parameter-sized array per position. What it costs: its first chunk
-    again, ``first_chunk_directions`` per position (4 of ~576 at 20 tokens on SmolLM2), and forming
-    each position's truncated Fisher. Each position's plans (C_mu's V d^2 Gram product and its
-    eigendecomposition) are made once for both passes, and its first moments are folded once: the
-    exact pass's sums take the first pass's over (``MomentSums.second_moments_over``).
+    again, ``first_chunk_directions`` per position (4 of ~576 at 20 tokens on SmolLM2). Each
+    position's plans (C_mu's V d^2 Gram product and its eigendecomposition) are made once for both
+    passes.
     """
 
     analysis: SequenceAnalysis
@@ -297,6 +320,7 @@ class _FirstPass:
     ) -> _FirstPass:
         sampler = forward.sampler
         analysis = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
+        summed: dict[str, dict[str, float]] = {}  # key -> tensor -> the positions' totals so far
         plans: list[FisherPlans | None] = []
         kept_bytes = 0
         for t in range(forward.positions):
@@ -313,21 +337,24 @@ class _FirstPass:
                 planned=planned.leading(first_pass_directions(planned.directions, capture.length)),
             )
             del capture
-            record = _record(inputs, moments, forward.target(t))
-            _fold_position(analysis, record, moments, sampler.is_on_policy)
+            per_tensor = tensor_totals(moments, inputs.on_policy)
+            for key, values in per_tensor.items():
+                into = summed.setdefault(key, {})
+                for name, value in values.items():
+                    into[name] = into.get(name, 0.0) + value
+            analysis.positions.append(_record(inputs, moments, forward.target(t), per_tensor))
+            analysis.directions += moments.directions
+            analysis.sums.add_first_moments(moments)
+            if not inputs.on_policy:
+                analysis.accumulated_shift_sq.append(square_total_of(analysis.sums.sums["mean_shift"]))
+            del moments
             # kept for the exact pass within half the workspace (a 64-token response on a 2048-wide
             # model would hold 4 GB); the others are made again
             kept_bytes += planned.nbytes()
             plans.append(planned if kept_bytes <= memory_budget_bytes // 2 else None)
             report("first pass", (t + 1) / forward.positions)
+        analysis.model_part = first_pass_model_part(analysis.sums, summed, layout)
         return cls(analysis, plans)
-
-    def settle(self, exact: MomentSums) -> None:
-        """Once the first partial result has recorded the model's part of its summary
-        (``SequenceAnalysis.model_part``), later snapshots read the exact pass's sums, which share the
-        first moments, and this pass's second moments (a parameter-sized array or three) are freed."""
-        if self.analysis.model_part is not None:
-            self.analysis.sums = exact
 
     def take_plans(self, t: int) -> FisherPlans | None:
         """Position t's plans, handed over once to the exact pass."""
@@ -346,6 +373,33 @@ class _FirstPass:
         traces = [(r.kept_share, float(r.cov_eigenvalues.sum())) for r in self.analysis.positions]
         total = sum(trace for _, trace in traces)
         return sum(kept * trace for kept, trace in traces) / total if total > 0 else 1.0
+
+
+def first_pass_model_part(sums: MomentSums, summed: dict[str, dict[str, float]], layout: HeadLayout) -> dict:
+    """A light summary's model part (``model_summary``: totals per tensor, layer, kind and model, no
+    curve) of a response's first pass: the first moments' squares from ``sums``, the Fisher's and the
+    squares summed over positions from each position's ``tensor_totals`` (``summed``). rho, a ratio per
+    parameter, is not known (None)."""
+    moments = {key: square_sums_of(table) for key, table in sums.sums.items()}
+    fisher = summed["fisher"]
+    with_reward = "policy_grad" in sums.sums
+    grouped = TotalsGroups(layout.shapes, layout.head_name, layout.embedding_name)
+    for name in layout.names:
+        squares = {key: values.get(name, 0.0) for key, values in summed.items()}
+        raw_sq = squares.get("kbar_mu_sq", squares["common_sq"])
+        totals: dict[str, float | None] = {
+            "fisher": fisher[name],
+            "uncentered": fisher[name] + squares.get("mean_shift_sq", 0.0),
+            "raw": fisher[name] + raw_sq,
+            "mean_shift_sq": moments.get("mean_shift", {}).get(name, 0.0),
+            "common_sq": moments["common"][name],
+            "rho_mean": None,
+        }
+        if with_reward:
+            totals["policy_grad_sq"] = moments["policy_grad"][name]
+            totals["bound"] = squares["bound"]
+        grouped.add(name, totals, math.prod(layout.shapes[name]))
+    return {**grouped.groups(), "concentration": None, "top_coordinates": None, "overlap": None}
 
 
 def _partial_analysis(
@@ -369,7 +423,8 @@ def _fold_position(
 ) -> None:
     """Keep a position's record, show its moments to ``observe``, then fold them into the running sums
     (and, off the policy, the squared mean shift accumulated so far). ``first_moments=False``: sums
-    whose first moments (and accumulated shift) a first pass folded in already take its second ones."""
+    whose first moments (and accumulated shift) a first pass folded in already take its second moments
+    and the squares of its first."""
     result.positions.append(record)
     result.directions += moments.directions
     if observe is not None:
@@ -386,10 +441,13 @@ def _single(layout: HeadLayout, inputs: PositionInputs, moments: PositionMoments
     """The analysis of one position from its moments (a partial result's snapshot)."""
     sums = MomentSums(layout.names, layout.shapes)
     sums.add(moments)
-    return SequenceAnalysis(sums, positions=[_record(inputs, moments, None)], directions=moments.directions)
+    record = _record(inputs, moments, None, tensor_totals(moments, inputs.on_policy))
+    return SequenceAnalysis(sums, positions=[record], directions=moments.directions)
 
 
-def _record(inputs: PositionInputs, m: PositionMoments, target: int | None) -> PositionRecord:
+def _record(
+    inputs: PositionInputs, m: PositionMoments, target: int | None, per_tensor: dict[str, dict[str, float]]
+) -> PositionRecord:
     cov = m.cov_mu
     return PositionRecord(
         context_length=int(inputs.context_ids.numel()),
@@ -398,7 +456,7 @@ def _record(inputs: PositionInputs, m: PositionMoments, target: int | None) -> P
         mu=inputs.mu,
         h=m.hidden.to(torch.float64),
         head_scale=m.head_scale,
-        moments_totals=_position_totals(m, inputs.on_policy),
+        moments_totals=_position_totals(per_tensor),
         cov_eigenvalues=cov.eigenvalues,
         uncentered_eigenvalues=cov.uncentered_eigenvalues(),
         numerical_rank=cov.numerical_rank(),

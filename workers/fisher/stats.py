@@ -50,19 +50,24 @@ def square_total(values: Sequence[torch.Tensor]) -> float:
 
 
 def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
-    """``square_total`` of a mapping's tensors. A first moment in its small form is summed from its
-    terms (``Factored.square_sum``: never formed); any other tensor is read one at a time, a large one a
-    block of rows at a time (a ``FirstMoment`` forms each as it is read: all at once would be
+    """``square_total`` of a mapping's tensors (``square_sums_of``, added up)."""
+    return sum(square_sums_of(tensors).values())
+
+
+def square_sums_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Each tensor's float64 sum of squares. A first moment in its small form is summed from its terms
+    (``Factored.square_sum``: never formed); any other tensor is read one at a time, a large one a block
+    of rows at a time (a ``FirstMoment`` forms each as it is read: all at once would be
     parameter-sized)."""
     whole = tensors.entries if isinstance(tensors, FirstMoment) else dict(tensors)
-    total = 0.0
+    sums: dict[str, float] = {}
     rest: dict[str, Factored | torch.Tensor] = {}
     for name, entry in whole.items():
         found = entry.square_sum() if isinstance(entry, Factored) else None
         if found is None:
             rest[name] = entry
         else:
-            total += found
+            sums[name] = found
     pieces = pieces_of({name: tuple(entry.shape) for name, entry in rest.items()})
     entries = {key: in_piece(rest[piece.tensor], piece) for key, piece in pieces.items()}
     cache = FormedCache(0)
@@ -75,9 +80,15 @@ def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
             value = moment[name]
             return cpu_kernels.square_sum(value) if compiled else square_total([value])
 
-    if compiled:
-        return total + sum(cpu_kernels.each_in_threads(square_sum, names, [moment.numel(n) for n in names]))
-    return total + sum(square_sum(name) for name in names)
+    found_sums = (
+        cpu_kernels.each_in_threads(square_sum, names, [moment.numel(n) for n in names])
+        if compiled
+        else [square_sum(name) for name in names]
+    )
+    for key, value in zip(names, found_sums, strict=True):
+        tensor = pieces[key].tensor
+        sums[tensor] = sums.get(tensor, 0.0) + value
+    return sums
 
 
 @dataclass
@@ -130,19 +141,48 @@ class MomentSums:
 
     SECOND_MOMENTS = ("fisher", "fisher_p", "bound")
 
+    def add_first_moments(self, m: PositionMoments) -> None:
+        """Fold in one position's first moments only (common, mean shift, policy gradient): a response's
+        first pass, whose partial result reads the Fisher and the squares as per-tensor totals alone
+        (``response.tensor_totals``); ``second_moments_over`` then hands these sums to the exact pass."""
+        self.dtype = m.hidden.dtype
+        self.device = m.hidden.device
+        if self.positions == 1:
+            self._form_first_position()
+        shifts = None if m.kbar_mu is m.kbar_p else m.kbar_mu.minus(m.kbar_p)
+        for name in self.names:
+            if shifts is not None:
+                self._add("mean_shift", name, shifts.entry(name))
+            self._add("common", name, m.kbar_p.entry(name))
+            if m.policy_grad is not None:
+                self._add("policy_grad", name, m.policy_grad.entry(name))
+        self.positions += 1
+
     def second_moments_over(self) -> MomentSums:
-        """Sums for a second pass over the same positions: these sums' first moments and their squares
-        (whole in a response's first pass), no second moment yet; ``add_second_moments`` adds each
-        position's. The first moments' arrays are shared, and neither sums writes to them again."""
-        tables = {key: table for key, table in self.sums.items() if key not in self.SECOND_MOMENTS}
-        return MomentSums(self.names, self.shapes, tables, self.positions, self.dtype, self.device)
+        """Sums for a second pass over the same positions: these sums' first moments (whole in a
+        response's first pass, ``add_first_moments``), no second moment and no square yet;
+        ``add_second_moments`` adds each position's. The first moments' arrays are shared, and neither
+        sums writes to them again."""
+        tables = {key: table for key, table in self.sums.items() if key in self.FIRST_MOMENTS}
+        sums = MomentSums(self.names, self.shapes, tables, self.positions, self.dtype, self.device)
+        sums._form_first_position()  # a single position's small forms: later ones read them as arrays
+        return sums
+
+    FIRST_MOMENTS = ("mean_shift", "common", "policy_grad")
 
     def add_second_moments(self, m: PositionMoments) -> None:
-        """Fold in one position's second moments only (its Fisher, under p off the policy, and the bound):
-        sums whose first moments came from an earlier pass (``second_moments_over``)."""
+        """Fold in one position's second moments (its Fisher, under p off the policy, and the bound) and
+        the squares of its first moments: sums whose first moments came from an earlier pass
+        (``second_moments_over``)."""
         on_policy = m.kbar_mu is m.kbar_p
+        shifts = None if on_policy else m.kbar_mu.minus(m.kbar_p)
         for name in self.names:
             self._add_second_moments(m, name, on_policy)
+            if shifts is not None:
+                self._add_square("mean_shift_sq", name, shifts[name])
+                self._add_square("kbar_mu_sq", name, m.kbar_mu[name])
+            if self._keeps("common_sq"):
+                self._add_square("common_sq", name, m.kbar_p[name])
 
     def _add_second_moments(self, m: PositionMoments, name: str, on_policy: bool) -> None:
         """One tensor's second moments of a position: its Fisher, under p off the policy (on it the
@@ -161,10 +201,7 @@ class MomentSums:
     def _materialize_squares(self) -> None:
         """Before the second position: the first's small forms become arrays (the bound's reads the
         Fisher, which the second position adds into), and the sums of squares start."""
-        for table in self.sums.values():
-            for name, entry in table.entries.items():
-                if isinstance(entry, Factored):
-                    table.entries[name] = entry.form()
+        self._form_first_position()
         for name in self.names:
             for key, base in self.SQUARED.items():
                 value = self._get(base, name)
@@ -173,6 +210,13 @@ class MomentSums:
             shift = self._get("mean_shift", name)
             if shift is not None:
                 self._add_square("kbar_mu_sq", name, self.sums["common"][name] + shift)
+
+    def _form_first_position(self) -> None:
+        """The first position's small forms become arrays, which later positions add into."""
+        for table in self.sums.values():
+            for name, entry in table.entries.items():
+                if isinstance(entry, Factored):
+                    table.entries[name] = entry.form()
 
     def _keeps(self, key: str) -> bool:
         """Whether a sum of squares is kept along a response: the common component's is read only by the
