@@ -247,15 +247,54 @@ class _Sides:
 
 
 def _sides(term: Term) -> _Sides | None:
+    """The term's sides, its scale on the side that is its own (a use's delta, the head's row
+    coefficients, a lookup's rows): the other may be shared with another term (``_shared_side``)."""
     if isinstance(term, OuterRows):
-        left, right = (term.feature, term.delta) if term.transposed else (term.delta, term.feature)
-        return _Sides(left.double() * term.scale, right.double(), term.index)
+        delta = term.delta.double() * term.scale
+        left, right = (term.feature.double(), delta) if term.transposed else (delta, term.feature.double())
+        return _Sides(left, right, term.index)
     if isinstance(term, HeadOuter):
         features = torch.ones(1, dtype=torch.float64) if term.features is None else term.features.double()
         return _Sides(term.per_row.double()[None] * term.scale, features[None])
     if isinstance(term, TableRows):
         return _Sides(None, term.rows.double() * term.scale, unique=term.unique)
     return None  # Whole, Root: an array
+
+
+def _shared_side(term: Term) -> tuple[tuple, str] | None:
+    """What a term may share with another of the same tensor (the same recorded array: a use's
+    features, the head's h, a lookup's rows), and which of its sides is then its own."""
+    if isinstance(term, OuterRows):
+        return ("use", id(term.feature), term.transposed, term.index), "right" if term.transposed else "left"
+    if isinstance(term, HeadOuter):
+        return ("head", None if term.features is None else id(term.features)), "left"
+    if isinstance(term, TableRows):
+        return ("lookup", id(term.unique)), "right"
+    return None
+
+
+def _all_sides(terms: tuple[Term, ...]) -> list[_Sides] | None:
+    """The terms' sides, those that share a side made one, their own sides added in float64 (exact for
+    the difference of two float32 arrays: a mean shift's terms under mu and p): fewer products, the
+    same sum of squares. None where a term is a whole array."""
+    sides: list[_Sides] = []
+    at_key: dict[tuple, int] = {}
+    for term in terms:
+        side, shared = _sides(term), _shared_side(term)
+        if side is None or shared is None:
+            return None
+        key, own = shared
+        at = at_key.get(key)
+        if at is None:
+            at_key[key] = len(sides)
+            sides.append(side)
+        elif own == "left":
+            before = sides[at]
+            assert before.left is not None and side.left is not None
+            sides[at] = replace(before, left=before.left + side.left)
+        else:
+            sides[at] = replace(sides[at], right=sides[at].right + side.right)
+    return sides
 
 
 def _inner(a: _Sides, b: _Sides) -> float:
@@ -276,16 +315,25 @@ def _inner(a: _Sides, b: _Sides) -> float:
     return float((lefts * (a.right @ b.right.T)).sum())
 
 
+# whole arrays up to this size are summed in float64 where their square sum is asked (``square_sum``)
+SMALL_WHOLE_VALUES = 1 << 16
+
+
 def square_sum(terms: tuple[Term, ...]) -> float | None:
     """The float64 sum of squares of sum_k term_k as sum_{k,l} <term_k, term_l>, each from the terms'
     small sides (Gram matrices of r rows, r the context's tokens): a first moment's square total costs
-    r^2 (out + in) per use instead of forming out x in values. None where a term is a whole array.
+    r^2 (out + in) per use instead of forming out x in values. None where a term is a whole array (but a
+    small tensor's whole arrays alone, summed in float64).
     The float64 sum of products also keeps a mean shift's total exact where it is a small difference of
     two large first moments."""
-    sides = [_sides(term) for term in terms]
-    if any(side is None for side in sides):
+    if terms and all(isinstance(t, Whole) for t in terms) and terms[0].value.numel() <= SMALL_WHOLE_VALUES:
+        # a norm's or bias's gradient: summed here, where a thread of its own cost more than the sum
+        whole = sum(t.value.double() * t.scale for t in terms if isinstance(t, Whole))
+        assert isinstance(whole, torch.Tensor)
+        return float(whole.square().sum())
+    known = _all_sides(terms)
+    if known is None:
         return None
-    known = [side for side in sides if side is not None]
     total = sum(_inner(a, a) for a in known)
     total += 2 * sum(_inner(a, b) for k, a in enumerate(known) for b in known[k + 1 :])
     return max(total, 0.0)  # rounding below an exact zero
