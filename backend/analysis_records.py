@@ -64,7 +64,9 @@ class AnalysisRecords(ModelCatalog):
     def submit_job(self, info: registry.ModelInfo, job: AnalysisJob) -> tuple[str, StoredAnalysis]:
         """Key and (unless cached, in flight or over the budget) enqueue a normalized job."""
         settings = self.settings
-        estimate = estimate_cost(info, job, self.flops_per_second(info.id), settings.engine_memory_bytes)
+        estimate = estimate_cost(
+            info, job, self.flops_per_second(info.id), settings.engine_memory_bytes, partials=True
+        )
         refuse_over_memory(info, job, settings)
         if estimate.flops > self.settings.budget_flops:
             raise RequestError(

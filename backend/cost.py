@@ -12,7 +12,7 @@ from typing import Protocol
 from backend.memory_estimate import estimate_peak
 from backend.schemas import AnalysisJob, CostEstimate
 from backend.square_forms import prefers_ghost
-from backend.vocabulary import Method, MethodName, SamplerKind
+from backend.vocabulary import Method, MethodName, SamplerKind, takes_a_first_pass
 
 
 class SizedModel(Protocol):
@@ -35,6 +35,13 @@ DIRECTION_EFFICIENCY = 1.04  # the batched backward and the block squares agains
 CONTEXT_TOKEN_FLOPS_PER_PARAM = 41  # per context token of each position: activations kept, attention
 GHOST_PAIR_FLOPS_PER_PARAM = 2.9  # times n (n + 1) per position in the ghost form: its squares, M
 SUMMARY_FLOPS_PER_PARAM = 2000  # once: totals, concentration curves, top coordinates (a prefix's C_mu)
+# A response's first pass, where partial results are asked for (``takes_a_first_pass``): per position a
+# forward of its own and its first moments' few directions (counted as directions per context token),
+# and its first moments added up and each tensor's totals taken (per parameter; fitted to
+# benchmarks/bench_response.py on SmolLM2-135M: about 0.6 s per position at 175 GFLOP/s, on the policy
+# and under top-k alike)
+FIRST_PASS_DIRECTIONS = 4
+FIRST_PASS_FLOPS_PER_PARAM = 650
 
 
 def slowest_live_rate(rates: dict[str, float], live: set[str] | None) -> float | None:
@@ -118,25 +125,37 @@ def ghost_context_pairs(info: SizedModel, job: AnalysisJob) -> int:
     return sum(n * (n + 1) for n in context_lengths(job) if prefers_ghost(directions, n, d, d))
 
 
-def estimate_seconds(info: SizedModel, job: AnalysisJob, flops_per_second: float) -> float:
-    """The direction pass at its measured efficiency, plus the per-token, ghost-form and summary work."""
+def estimate_seconds(
+    info: SizedModel, job: AnalysisJob, flops_per_second: float, partials: bool = False
+) -> float:
+    """The direction pass at its measured efficiency, plus the per-token, ghost-form and summary work,
+    and with ``partials`` a response's first pass."""
+    lengths = context_lengths(job)
     overhead = info.n_params * (
-        CONTEXT_TOKEN_FLOPS_PER_PARAM * sum(context_lengths(job))
+        CONTEXT_TOKEN_FLOPS_PER_PARAM * sum(lengths)
         + GHOST_PAIR_FLOPS_PER_PARAM * ghost_context_pairs(info, job)
         + SUMMARY_FLOPS_PER_PARAM
     )
+    if partials and takes_a_first_pass(job.method, job.sampler, len(lengths)):
+        per_token = DIRECTION_EFFICIENCY * 2.0 * FIRST_PASS_DIRECTIONS
+        overhead += info.n_params * sum(per_token * n + FIRST_PASS_FLOPS_PER_PARAM for n in lengths)
     return (DIRECTION_EFFICIENCY * estimate_flops(info, job) + overhead) / max(flops_per_second, 1.0)
 
 
 def estimate_cost(
-    info: SizedModel, job: AnalysisJob, flops_per_second: float, chunk_bytes: int = 1 << 30
+    info: SizedModel,
+    job: AnalysisJob,
+    flops_per_second: float,
+    chunk_bytes: int = 1 << 30,
+    partials: bool = False,
 ) -> CostEstimate:
     """Flops of the direction pass, and seconds of the whole analysis, of `job` at `flops_per_second`;
-    its peak memory with direction chunks of ``chunk_bytes`` (``backend.memory_estimate``)."""
+    its peak memory with direction chunks of ``chunk_bytes`` (``backend.memory_estimate``). ``partials``:
+    the analysis gives partial results (the service's do), and a response's seconds count its first pass."""
     flops = estimate_flops(info, job)
     return CostEstimate(
         flops=flops,
-        seconds=estimate_seconds(info, job, flops_per_second),
+        seconds=estimate_seconds(info, job, flops_per_second, partials),
         directions=backward_directions(info, job),
         upper_bound=job.method.name == MethodName.truncated,
         peak_bytes=estimate_peak(info, job, chunk_bytes).total,

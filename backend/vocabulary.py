@@ -210,3 +210,11 @@ class Method:
         if self.name == MethodName.mc:
             return f"mc:{int(self.samples or 0)}"
         return MethodName.exact.value
+
+
+def takes_a_first_pass(method: Method, sampler: Sampler, positions: int) -> bool:
+    """Whether an analysis asked for partial results starts with a first pass over every position
+    (``workers.fisher.response._FirstPass``): a response, by the exact method, whose positions take
+    hundreds of directions each (a truncated or sampled plan is a few dozen, which the first pass would
+    half repeat), and not under the data sampler, whose exact pass is its first moments alone."""
+    return positions > 1 and method.name == MethodName.exact and sampler.kind != SamplerKind.data

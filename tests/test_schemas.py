@@ -10,6 +10,8 @@ from backend import registry as catalog
 from backend.cost import (
     CONTEXT_TOKEN_FLOPS_PER_PARAM,
     DIRECTION_EFFICIENCY,
+    FIRST_PASS_DIRECTIONS,
+    FIRST_PASS_FLOPS_PER_PARAM,
     GHOST_PAIR_FLOPS_PER_PARAM,
     SUMMARY_FLOPS_PER_PARAM,
     context_lengths,
@@ -22,7 +24,7 @@ from backend.normalize import RequestError, check_model_id, normalize
 from backend.schemas import AnalysisCreate, AnalysisJob, SamplerSpec, SampleSpec
 from backend.settings import RequestLimits
 from backend.tokens import TokenCodec, TokenError
-from backend.vocabulary import STATS, Method, MethodName, Sampler
+from backend.vocabulary import STATS, Method, MethodName, Sampler, SamplerKind
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +235,32 @@ def test_cost_counts_the_tied_tables_probes() -> None:
     assert probe_directions(tied, sampled) == [3, 4, 5]  # not drawn yet: every token counts as new
     extra = sum(n * p for n, p in zip(context_lengths(job), probe_directions(tied, job), strict=True))
     assert estimate_flops(tied, job) - estimate_flops(untied, job) == pytest.approx(2 * 1000 * extra)
+
+
+def test_a_responses_seconds_count_its_first_pass_where_partials_are_given() -> None:
+    """The service's analyses give partial results: an exact response's seconds then add its first pass
+    (a forward and the first moments' directions per context token, and the per-parameter work per
+    position); a prefix, a truncated or sampled method and the data sampler take no first pass."""
+    info = type("Info", (), {"n_params": 1000, "d_model": 64, "vocab_size": 10, "tied_embeddings": False})()
+    response = AnalysisJob(model="m", weights_digest="d", input_ids=[1, 2, 3], continuation_ids=[7, 8, 9])
+    alone = estimate_cost(info, response, RATE)
+    served = estimate_cost(info, response, RATE, partials=True)
+    first_pass = 1000 * sum(
+        DIRECTION_EFFICIENCY * 2 * FIRST_PASS_DIRECTIONS * n + FIRST_PASS_FLOPS_PER_PARAM for n in (3, 4, 5)
+    )
+    assert served.seconds == pytest.approx(alone.seconds + first_pass / RATE)
+    assert served.flops == alone.flops  # the budget counts the direction pass alone
+    sampled = response.model_copy(
+        update={"continuation_ids": [], "continuation_sample": SampleSpec(max_tokens=3, seed=1)}
+    )
+    assert estimate_cost(info, sampled, RATE, partials=True).seconds == pytest.approx(served.seconds)
+    for without in (
+        response.model_copy(update={"continuation_ids": []}),
+        response.model_copy(update={"method": Method.parse("truncated:0.5")}),
+        response.model_copy(update={"method": Method.parse("mc:8")}),
+        response.model_copy(update={"sampler": Sampler(kind=SamplerKind.data, data_token_id=4)}),
+    ):
+        assert (
+            estimate_cost(info, without, RATE, partials=True).seconds
+            == estimate_cost(info, without, RATE).seconds
+        )

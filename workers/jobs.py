@@ -91,7 +91,7 @@ def analyze_job(
         on_partial,
         keep_fisher_roots=keep_fisher_roots,
     )
-    analysis.summary["cost"] = _cost(loaded, job, settings, flops_per_second)
+    analysis.summary["cost"] = _cost(loaded, job, settings, flops_per_second, partials=on_partial is not None)
     return analysis
 
 
@@ -136,9 +136,16 @@ def _device(loaded: LoadedModel) -> str:
     return str(next(loaded.model.parameters()).device)
 
 
-def _cost(loaded: LoadedModel, job: AnalysisJob, settings: Settings, flops_per_second: float | None = None):
+def _cost(
+    loaded: LoadedModel,
+    job: AnalysisJob,
+    settings: Settings,
+    flops_per_second: float | None = None,
+    partials: bool = False,
+):
     rate = flops_per_second or settings.flops_per_second
-    return estimate_cost(loaded.info, job, rate, settings.engine_memory_bytes).model_dump(mode="json")
+    estimate = estimate_cost(loaded.info, job, rate, settings.engine_memory_bytes, partials)
+    return estimate.model_dump(mode="json")
 
 
 @contextmanager
@@ -211,7 +218,7 @@ def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: Mode
     concrete = job.model_copy(update={"continuation_ids": ids, "continuation_sample": None})
     concrete_id = concrete.key()
     rate = published_rate(store, loaded) or settings.flops_per_second
-    estimate = estimate_cost(loaded.info, concrete, rate, settings.engine_memory_bytes)
+    estimate = estimate_cost(loaded.info, concrete, rate, settings.engine_memory_bytes, partials=True)
     claimed = store.claim(concrete_id, queued_meta(concrete, estimate))
     store.update_meta(request_id, status="done", stage="sampled", progress=1.0, follows=concrete_id)
     return concrete if claimed else None

@@ -326,10 +326,10 @@ def square_sum(terms: tuple[Term, ...]) -> float | None:
     small tensor's whole arrays alone, summed in float64).
     The float64 sum of products also keeps a mean shift's total exact where it is a small difference of
     two large first moments."""
-    if terms and all(isinstance(t, Whole) for t in terms) and terms[0].value.numel() <= SMALL_WHOLE_VALUES:
+    arrays = [t for t in terms if isinstance(t, Whole)]
+    if arrays and len(arrays) == len(terms) and arrays[0].value.numel() <= SMALL_WHOLE_VALUES:
         # a norm's or bias's gradient: summed here, where a thread of its own cost more than the sum
-        whole = sum(t.value.double() * t.scale for t in terms if isinstance(t, Whole))
-        assert isinstance(whole, torch.Tensor)
+        whole = torch.stack([t.value.double() * t.scale for t in arrays]).sum(0)
         return float(whole.square().sum())
     known = _all_sides(terms)
     if known is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from backend.vocabulary import Method, MethodName
+from backend.vocabulary import Method, takes_a_first_pass
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.directions import first_chunk_directions
 from workers.fisher.model_totals import TotalsGroups
@@ -212,7 +212,7 @@ def analyze_sequence(
     n_positions = forward.positions
     result = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
     first_pass = None
-    if on_partial is not None and n_positions > 1 and _worth_a_first_pass(sampler, method):
+    if on_partial is not None and _worth_a_first_pass(sampler, method, n_positions):
         first_pass = _FirstPass.run(
             forward, layout, method, reward, fisher_under_p, memory_budget_bytes, report
         )
@@ -270,12 +270,10 @@ def first_pass_directions(plan_directions: int, context_length: int) -> int:
     return chunk if chunk <= FIRST_PASS_CHUNK_SHARE * plan_directions else 0
 
 
-def _worth_a_first_pass(sampler: Sampler, method: Method) -> bool:
-    """A response's first pass, for one process (under torchrun no partial results are asked for): for
-    the exact method only, whose positions take hundreds of directions each (a truncated or sampled
-    plan is a few dozen, which the first pass would half repeat), and not for a one-hot mu (the data
-    sampler), whose exact pass is its first moments alone."""
-    return current_shard() is None and method.name == MethodName.exact and sampler.kind != "data"
+def _worth_a_first_pass(sampler: Sampler, method: Method, positions: int) -> bool:
+    """A response's first pass (``takes_a_first_pass``), for one process: under torchrun no partial
+    results are asked for."""
+    return current_shard() is None and takes_a_first_pass(method, sampler, positions)
 
 
 @dataclass
