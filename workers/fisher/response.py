@@ -67,7 +67,8 @@ class SequenceAnalysis:
     accumulated_shift_sq: list[float] = field(default_factory=list)  # sum_i (sum_{t<=T'} m_i)^2
     sft_gradient: dict[str, torch.Tensor] | None = None  # d log pi(y|x)/dtheta (data sampler)
     directions: int = 0  # back-propagated by this process over all positions (a share under torchrun)
-    # a partial result's summary part about the whole model, once a reader took it (``SequencePartial``)
+    # a partial result's summary part about the whole model: a response's first pass makes it from its
+    # totals (``first_pass_model_part``); a reader of a prefix's partial records it (``SequencePartial``)
     model_part: dict | None = None
 
 
@@ -200,9 +201,9 @@ def analyze_sequence(
     read before ``on_partial`` returns. For a prefix (one position), after each chunk of directions but
     the last. For a response (one process), first after a pass over every position (``_FirstPass``),
     then after each position the exact pass finishes; ``kept_share`` is the share of the response's
-    summed trace(C_mu) the directions carry. The reader may record the summary's part about the whole
-    model in the snapshot's ``model_part``: a response's later snapshots carry it (their model totals
-    are the first pass's), and the first pass's second moments are freed. ``observe(moments)``: each
+    summed trace(C_mu) the directions carry. A response's snapshots carry the summary's part about the
+    whole model in ``model_part``, made by the first pass from its totals (their model totals are the
+    first pass's until the exact result); a prefix's reader may record it there. ``observe(moments)``: each
     position's moments before the running sums take them over (read, never keep or modify).
     """
     layout = HeadLayout.of(model)
