@@ -449,3 +449,33 @@ def test_a_slide_the_analysis_cannot_fill_offers_the_essays_example(summary):
     assert link.href == f"?model={summary['model']['id']}&slide=8"
     no_reward = {**on_policy_response, "positions": [{**on_policy_response["positions"][0], "reward": None}]}
     assert "no reward" in example_offer(typed(no_reward), 2)[0].children
+
+
+def test_a_responses_partial_says_rho_comes_with_the_exact_result():
+    """A response's partial has no rho (a ratio per parameter): slide 3 draws without it and says when it
+    comes, not that a second stage computes it."""
+    from frontend.slides import s03_one_position
+
+    response = json.loads(RESPONSE_FIXTURE.read_text())
+    assert response["method"]["name"] == "exact"
+
+    def without_rho(group: dict) -> dict:
+        return {**group, "totals": {**group["totals"], "rho_mean": None}}
+
+    partial = typed(
+        {
+            **response,
+            "concentration": None,
+            "top_coordinates": None,
+            "overlap": None,
+            "rho_available": False,
+            "totals": without_rho(response)["totals"],
+            "kinds": [without_rho(k) for k in response["kinds"]],
+            "layers": [without_rho(layer) for layer in response["layers"]],
+            "tensors": [without_rho(t) for t in response["tensors"]],
+            "positions": [{**p, "kept_share": 0.5} for p in response["positions"]],
+        }
+    )
+    assert isinstance(s03_one_position.figure(partial, "on"), go.Figure)
+    reading = s03_one_position.reading(partial, "on")
+    assert "comes with the exact result" in reading and "second stage" not in reading
