@@ -100,22 +100,17 @@ class MaskFile:
 
     def mask(self, q: float, name: str) -> np.ndarray:
         """uint8 array shaped like the parameter, 1 inside the mask."""
-        if name not in self.shapes:
-            raise MaskFileError(f"no parameter {name!r} in {self.path.name}")
-        key = mask_key(self.check_fraction(q), name)
-        with safe_open(str(self.path), framework="numpy") as handle:
-            return self._checked(key, handle.get_tensor(key))
+        return self.mask_rows(q, name, None)
 
     def mask_rows(self, q: float, name: str, rows: tuple[int, int] | None) -> np.ndarray:
         """Rows ``start:stop`` of one parameter's mask (all of it for None), read without the rest: a
         large table's mask is compared a block of rows at a time."""
-        if rows is None:
-            return self.mask(q, name)
         if name not in self.shapes:
             raise MaskFileError(f"no parameter {name!r} in {self.path.name}")
         key = mask_key(self.check_fraction(q), name)
         with safe_open(str(self.path), framework="numpy") as handle:
-            return self._checked(key, handle.get_slice(key)[rows[0] : rows[1]])
+            found = handle.get_tensor(key) if rows is None else handle.get_slice(key)[rows[0] : rows[1]]
+            return self._checked(key, found)
 
     def masks(self, q: float, names: Iterable[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """(name, mask) for every parameter at density q (in the order of ``names``, else the file's),
