@@ -208,31 +208,39 @@ class Factored:
 
 
 def _merged(terms: tuple[Term, ...]) -> list[Term]:
-    """The terms with every matrix use's terms on one recorded feature (the same array: kbar under mu
-    and under p of one position, in a mean shift) made one, their deltas combined: one product of the
-    tensor's size instead of one per term (a mean shift's were a third of a response's first pass), and
-    no less exact (the difference of the deltas is taken before the product). Square sums keep the
-    terms apart (``square_sum``: a float64 difference of the products)."""
+    """The terms with those that share a recorded array (``_shared_side``: kbar under mu and under p of
+    one position, in a mean shift) made one, their own sides combined: one product of the tensor's size
+    instead of one per term (a mean shift's were a third of a response's first pass), and no less exact
+    (the difference is taken before the product). Square sums join them in float64 (``_all_sides``)."""
     merged: list[Term] = []
-    same: dict[tuple[int, bool, int | None], int] = {}  # (feature, transposed, index) -> at in merged
+    at_key: dict[tuple, int] = {}
     for term in terms:
-        if not isinstance(term, OuterRows):
-            merged.append(term)
-            continue
-        key = (id(term.feature), term.transposed, term.index)
-        at = same.get(key)
+        shared = _shared_side(term)
+        at = None if shared is None else at_key.get(shared[0])
         if at is None:
-            same[key] = len(merged)
+            if shared is not None:
+                at_key[shared[0]] = len(merged)
             merged.append(term)
-            continue
-        first = merged[at]
-        assert isinstance(first, OuterRows)
-        merged[at] = replace(first, delta=_scaled(first) + _scaled(term), scale=1.0)
+        else:
+            merged[at] = _joined(merged[at], term)
     return merged
 
 
-def _scaled(term: OuterRows) -> torch.Tensor:
-    return term.delta if term.scale == 1.0 else term.delta * term.scale
+def _joined(first: Term, other: Term) -> Term:
+    """Two terms that share a recorded array as one, their own sides added (scales taken in)."""
+    if isinstance(first, OuterRows) and isinstance(other, OuterRows):
+        return replace(
+            first, delta=_times(first.delta, first.scale) + _times(other.delta, other.scale), scale=1.0
+        )
+    if isinstance(first, HeadOuter) and isinstance(other, HeadOuter):
+        per_row = _times(first.per_row, first.scale) + _times(other.per_row, other.scale)
+        return replace(first, per_row=per_row, scale=1.0)
+    assert isinstance(first, TableRows) and isinstance(other, TableRows)
+    return replace(first, rows=_times(first.rows, first.scale) + _times(other.rows, other.scale), scale=1.0)
+
+
+def _times(values: torch.Tensor, scale: float) -> torch.Tensor:
+    return values if scale == 1.0 else values * scale
 
 
 @dataclass(frozen=True)
