@@ -97,17 +97,24 @@ def tensor_totals(m: PositionMoments, on_policy: bool) -> dict[str, dict[str, fl
     return totals
 
 
+def _second_moment_totals(totals: dict[str, float]) -> dict[str, float]:
+    """fisher, uncentered (fisher + sum m^2) and raw (fisher + sum kbar_mu^2; on the policy kbar_mu is
+    the common component) from ``tensor_totals``' keys, over whatever they were summed over."""
+    fisher = totals["fisher"]
+    return {
+        "fisher": fisher,
+        "uncentered": fisher + totals.get("mean_shift_sq", 0.0),
+        "raw": fisher + totals.get("kbar_mu_sq", totals["common_sq"]),
+    }
+
+
 def _position_totals(per_tensor: dict[str, dict[str, float]]) -> dict[str, float]:
     """The position's totals over the model (``tensor_totals`` added up)."""
     added = {key: sum(values.values()) for key, values in per_tensor.items()}
-    fisher, common_sq = added["fisher"], added["common_sq"]
-    shift_sq = added.get("mean_shift_sq", 0.0)
     totals = {
-        "fisher": fisher,
-        "uncentered": fisher + shift_sq,
-        "raw": fisher + added.get("kbar_mu_sq", common_sq),
-        "mean_shift_sq": shift_sq,
-        "common_sq": common_sq,
+        **_second_moment_totals(added),
+        "mean_shift_sq": added.get("mean_shift_sq", 0.0),
+        "common_sq": added["common_sq"],
     }
     if "bound" in added:
         totals["policy_grad_sq"] = added["policy_grad_sq"]
@@ -380,16 +387,12 @@ def first_pass_model_part(sums: MomentSums, summed: dict[str, dict[str, float]],
     squares summed over positions from each position's ``tensor_totals`` (``summed``). rho, a ratio per
     parameter, is not known (None)."""
     moments = {key: square_sums_of(table) for key, table in sums.sums.items()}
-    fisher = summed["fisher"]
     with_reward = "policy_grad" in sums.sums
     grouped = TotalsGroups(layout.shapes, layout.head_name, layout.embedding_name)
     for name in layout.names:
         squares = {key: values.get(name, 0.0) for key, values in summed.items()}
-        raw_sq = squares.get("kbar_mu_sq", squares["common_sq"])
         totals: dict[str, float | None] = {
-            "fisher": fisher[name],
-            "uncentered": fisher[name] + squares.get("mean_shift_sq", 0.0),
-            "raw": fisher[name] + raw_sq,
+            **_second_moment_totals(squares),
             "mean_shift_sq": moments.get("mean_shift", {}).get(name, 0.0),
             "common_sq": moments["common"][name],
             "rho_mean": None,
