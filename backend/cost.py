@@ -35,13 +35,13 @@ DIRECTION_EFFICIENCY = 1.04  # the batched backward and the block squares agains
 CONTEXT_TOKEN_FLOPS_PER_PARAM = 41  # per context token of each position: activations kept, attention
 GHOST_PAIR_FLOPS_PER_PARAM = 2.9  # times n (n + 1) per position in the ghost form: its squares, M
 SUMMARY_FLOPS_PER_PARAM = 2000  # once: totals, concentration curves, top coordinates (a prefix's C_mu)
-# A response's first pass, where partial results are asked for (``takes_a_first_pass``): per position a
-# forward of its own and its first moments' few directions (counted as directions per context token),
-# and its first moments added up and each tensor's totals taken (per parameter; fitted to
-# benchmarks/bench_response.py on SmolLM2-135M: about 0.6 s per position at 175 GFLOP/s, on the policy
-# and under top-k alike)
+# A response's first pass, where partial results are asked for (``takes_a_first_pass``): per position its
+# first moments' and probes' few directions, each back-propagated over the whole response's context
+# (one forward serves every position), and its totals and first moments' terms (per parameter; fitted to
+# benchmarks/bench_response.py on SmolLM2-135M: 0.3-0.5 s per position at 340-380 GFLOP/s, of which
+# C_mu's plans, made once for both passes, are not the first pass's own)
 FIRST_PASS_DIRECTIONS = 4
-FIRST_PASS_FLOPS_PER_PARAM = 650
+FIRST_PASS_FLOPS_PER_PARAM = 600
 
 
 def slowest_live_rate(rates: dict[str, float], live: set[str] | None) -> float | None:
@@ -137,8 +137,8 @@ def estimate_seconds(
         + SUMMARY_FLOPS_PER_PARAM
     )
     if partials and takes_a_first_pass(job.method, job.sampler, len(lengths)):
-        per_token = DIRECTION_EFFICIENCY * 2.0 * FIRST_PASS_DIRECTIONS
-        overhead += info.n_params * sum(per_token * n + FIRST_PASS_FLOPS_PER_PARAM for n in lengths)
+        per_position = DIRECTION_EFFICIENCY * 2.0 * FIRST_PASS_DIRECTIONS * max(lengths)
+        overhead += info.n_params * len(lengths) * (per_position + FIRST_PASS_FLOPS_PER_PARAM)
     return (DIRECTION_EFFICIENCY * estimate_flops(info, job) + overhead) / max(flops_per_second, 1.0)
 
 

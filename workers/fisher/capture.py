@@ -25,7 +25,8 @@ Index conventions (einsum): ``r`` row (token, or token routed to an expert), ``i
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -90,8 +91,10 @@ class MatrixBlock:
     transposed: bool
     uses: list[MatrixUse]
 
-    @property
+    @cached_property
     def feature(self) -> torch.Tensor:  # [r, i]
+        # one array per block, so that terms of several directions (and positions) built on it share it
+        # (``first_moments._shared_side``) and a first moment's terms over them make one product
         return torch.cat([use.feature for use in self.uses]) if len(self.uses) > 1 else self.uses[0].feature
 
 
@@ -119,10 +122,49 @@ class CapturedForward:
         default_factory=dict
     )  # name -> matrix | expert | embedding | autograd | head
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # the analysed position's row: the last one, unless this is a longer forward read at an earlier
+    # position (``at``)
+    last: int | None = None
 
     @property
     def length(self) -> int:
         return int(self.hidden.shape[0])
+
+    @property
+    def position(self) -> int:
+        """The row of the analysed position: its context is rows 0..position."""
+        return self.length - 1 if self.last is None else self.last
+
+    def at(self, position: int) -> CapturedForward:
+        """This forward read as the context that ends at row ``position``, its graph and records shared.
+
+        Why this is the context's own forward: in a causal model the rows after ``position`` do not reach
+        it, so their gradients from its directions are exact zeros and add nothing to any moment
+        (``directions.check_causal`` asserts it on the gradients); the rows up to it are the ones a forward
+        of the context alone computes, up to float rounding. One forward of a response then serves all its
+        positions, where a forward per position cost as much as their first moments' backward."""
+        if not 0 <= position < self.length:
+            raise ValueError(f"position {position} is outside a forward of {self.length} rows")
+        rows = position + 1
+        matrices = [
+            replace(block, uses=[_context_use(use, self.length, rows) for use in block.uses])
+            for block in self.matrices
+        ]
+        embeddings = [
+            replace(block, uses=[_context_use(use, self.length, rows) for use in block.uses])
+            for block in self.embeddings
+        ]
+        return replace(self, last=position, matrices=matrices, embeddings=embeddings)
+
+
+def _context_use(use: MatrixUse | EmbeddingUse, length: int, rows: int):
+    """A use's record cut to the context's first ``rows`` tokens where it has one row per token (a
+    routed expert's rows are some tokens': kept whole, the later ones' gradients zero); its output, the
+    graph's tensor, stays whole (``directions.context_rows`` cuts the gradients at it alike)."""
+    if isinstance(use, MatrixUse):
+        return replace(use, feature=use.feature[:rows]) if use.feature.shape[0] == length else use
+    indices = use.indices.reshape(-1)
+    return replace(use, indices=indices[:rows]) if indices.numel() == length else use
 
 
 @dataclass

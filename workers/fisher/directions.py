@@ -22,7 +22,7 @@ Index conventions: b direction, r/s row, i in, o out, c token row.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -32,11 +32,19 @@ from workers.fisher import cpu_kernels
 from workers.fisher.batched_backward import batched_grad
 from workers.fisher.block_squares import (
     SquareAccumulator,
+    SquareTotals,
     embedding_rows,
     ghost_moments,
     ghost_moments_compiled,
 )
-from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
+from workers.fisher.capture import (
+    CapturedForward,
+    EmbeddingBlock,
+    EmbeddingUse,
+    MatrixBlock,
+    MatrixUse,
+    UnsupportedArchitecture,
+)
 from workers.fisher.first_moments import Factored, FirstMoment, OuterRows, TableRows, Term, Whole
 from workers.fisher.shards import check_agreement, current_shard, sum_over_processes
 
@@ -59,6 +67,8 @@ class SquareGroup:
     name: str
     vectors: torch.Tensor  # [r, d]
     weights: torch.Tensor  # [r]
+    # each tensor's total alone, a float64 scalar (``SquareTotals``): a response's first pass
+    totals_only: bool = False
 
 
 @dataclass
@@ -103,10 +113,19 @@ def _rows(uses: list, grads: tuple, count: int) -> torch.Tensor:
     for use, grad in zip(uses, grads, strict=True):
         out = use.output.shape[-1]
         rows = use.output.numel() // out
-        parts.append(
-            grad.reshape(count, rows, out) if grad is not None else use.output.new_zeros(count, rows, out)
-        )
+        kept = context_rows(use)
+        if grad is None:
+            parts.append(use.output.new_zeros(count, kept, out))
+        else:
+            grad = grad.reshape(count, rows, out)
+            parts.append(grad if kept == rows else grad[:, :kept].contiguous())
     return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+
+
+def context_rows(use: MatrixUse | EmbeddingUse) -> int:
+    """The rows of a use's output that its record keeps: all, or the context's first ones where a
+    longer forward is read at a position (``CapturedForward.at``; the rest get zero gradient)."""
+    return int(use.feature.shape[0]) if isinstance(use, MatrixUse) else int(use.indices.numel())
 
 
 def direction_targets(capture: CapturedForward) -> list[torch.Tensor]:
@@ -161,7 +180,9 @@ class _DirectionPass:
         for s in squares:
             self.square_offsets.append(self.square_offsets[-1] + s.vectors.shape[0])
         self.accumulators = [
-            SquareAccumulator(capture, s.vectors.shape[0], memory_budget_bytes // max(len(squares), 1))
+            SquareTotals()
+            if s.totals_only
+            else SquareAccumulator(capture, s.vectors.shape[0], memory_budget_bytes // max(len(squares), 1))
             for s in squares
         ]
         # name -> the first moment's terms so far, per linear group (its small form, never parameter-sized)
@@ -250,7 +271,7 @@ class _DirectionPass:
         for acc, local, weights, last in self._square_slices(start, count):
             acc.add_matrix(index, block, delta[local], weights, last, moments.get((index, acc)))
         linear = self._other_rows(start, count, "linear")
-        feature = block.feature.detach()
+        feature = block.feature  # the block's one array: positions' terms on it join (``_shared_side``)
         for b, group in linear:  # a copy of the row: the chunk's gradients are freed after the fold
             self._add_linear(
                 group, block.name, OuterRows(delta[b].clone(), feature, block.transposed, block.slice)
@@ -366,6 +387,8 @@ def backprop_directions(
     for start, stop in chunks:
         assert work.vectors is not None
         grads = batched_grad(hidden, targets, work.vectors[start:stop])
+        if start == chunks[0][0]:
+            check_causal(capture, position, targets, grads)
         work.fold(start, stop - start, grads)
         # freed before the next chunk's backward, which then reuses the pages: held until it returned,
         # they made it touch as much new memory (SmolLM2, 5 tokens: 1e5 page faults, 0.5 s in the kernel)
@@ -378,6 +401,83 @@ def backprop_directions(
     if shard is not None:
         _sum_over_processes(results, work)
     return results
+
+
+def backprop_positions(
+    positions: Iterable[
+        tuple[CapturedForward, list[SquareGroup], list[LinearGroup], list[EmbeddingRowProbe]]
+    ],
+    memory_budget_bytes: int,
+) -> Iterator[DirectionResults]:
+    """``backprop_directions`` of positions read from one forward (``CapturedForward.at``: capture,
+    squares, linears, probes each), in their order: as many positions' directions as the budget's chunk
+    holds go back in one batched backward, each from its own position's row of h.
+
+    Why: a response's first pass gives a position a few directions (its first moments, the tied probes,
+    a first chunk), and a backward of its own for each ran at 26 ms a direction on SmolLM2 at 26 rows,
+    17 ms in batches of 80. ``positions`` is read lazily, a chunk's worth ahead of the results: the
+    caller's work for a position (its plans) need not be made for all at once. A position with more
+    directions than a chunk runs alone."""
+    batch: list[_DirectionPass] = []
+    held = 0
+    for capture, squares, linears, probes in positions:
+        work = _DirectionPass(capture, squares, linears, probes, memory_budget_bytes)
+        chunk = _chunk_size(capture, memory_budget_bytes)
+        if batch and held + len(work.rows) > chunk:
+            yield from _shared_backward(batch)
+            batch, held = [], 0
+        if len(work.rows) > chunk:
+            yield backprop_directions(
+                capture, capture.position, squares, linears, probes, memory_budget_bytes=memory_budget_bytes
+            )
+            continue
+        batch.append(work)
+        held += len(work.rows)
+    if batch:
+        yield from _shared_backward(batch)
+
+
+def _shared_backward(batch: list[_DirectionPass]) -> Iterator[DirectionResults]:
+    """One backward for the positions' directions, then each position folded and finished in turn."""
+    hidden = batch[0].capture.hidden
+    assert all(work.capture.hidden is hidden for work in batch)  # views of one forward
+    targets = direction_targets(batch[0].capture)
+    counts = [len(work.rows) for work in batch]
+    vectors = hidden.new_zeros(sum(counts), *hidden.shape)
+    at = 0
+    for work, count in zip(batch, counts, strict=True):
+        if count:
+            assert work.vectors is not None
+            vectors[at : at + count, work.capture.position] = work.vectors
+        at += count
+    grads = batched_grad(hidden, targets, vectors)
+    del vectors
+    at = 0
+    for work, count in zip(batch, counts, strict=True):
+        own = tuple(None if grad is None else grad[at : at + count] for grad in grads)
+        if count:
+            check_causal(work.capture, work.capture.position, targets, own)
+            work.fold(0, count, own)
+        at += count
+        del own
+        yield work.finish(directions=count)
+
+
+def check_causal(capture: CapturedForward, position: int, targets: list[torch.Tensor], grads: tuple) -> None:
+    """Refuse a forward read at an earlier position (``CapturedForward.at``) whose later rows its
+    directions reach: every use of one row per token must get exact zeros after ``position``, or the
+    rows after it would add to its moments what a forward of its context alone does not have."""
+    if position == capture.length - 1:
+        return
+    for target, grad in zip(targets, grads, strict=False):
+        if grad is None or target.numel() // target.shape[-1] != capture.length:
+            continue
+        later = grad.reshape(grad.shape[0], capture.length, -1)[:, position + 1 :]
+        if bool(later.any()):
+            raise UnsupportedArchitecture(
+                f"the model's output at row {position} depends on later rows: it is not causal, and "
+                "one forward of a response cannot serve its positions"
+            )
 
 
 def _sum_over_processes(results: DirectionResults, work: _DirectionPass) -> None:

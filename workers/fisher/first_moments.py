@@ -169,6 +169,10 @@ class Factored:
     def plus(self, *terms: Term) -> Factored:
         return replace(self, terms=self.terms + terms)
 
+    def summed(self) -> Factored:
+        """The same tensor in as few terms as a sum over positions allows (``summed_terms``)."""
+        return replace(self, terms=summed_terms(self.terms))
+
     def scaled(self, factor: float) -> Factored:
         return replace(self, terms=tuple(replace(t, scale=t.scale * factor) for t in self.terms))
 
@@ -227,11 +231,13 @@ def _merged(terms: tuple[Term, ...]) -> list[Term]:
 
 
 def _joined(first: Term, other: Term) -> Term:
-    """Two terms that share a recorded array as one, their own sides added (scales taken in)."""
+    """Two terms that share a recorded array as one, their own sides added (scales taken in). Two uses'
+    features may be the first rows of one array (positions of a response read from one forward): the
+    longer is kept, and the other's delta has zeros in the rows it lacks."""
     if isinstance(first, OuterRows) and isinstance(other, OuterRows):
-        return replace(
-            first, delta=_times(first.delta, first.scale) + _times(other.delta, other.scale), scale=1.0
-        )
+        longer = first if first.feature.shape[0] >= other.feature.shape[0] else other
+        delta = _padded_sum(_times(first.delta, first.scale), _times(other.delta, other.scale))
+        return replace(longer, delta=delta, scale=1.0)
     if isinstance(first, HeadOuter) and isinstance(other, HeadOuter):
         per_row = _times(first.per_row, first.scale) + _times(other.per_row, other.scale)
         return replace(first, per_row=per_row, scale=1.0)
@@ -241,6 +247,58 @@ def _joined(first: Term, other: Term) -> Term:
 
 def _times(values: torch.Tensor, scale: float) -> torch.Tensor:
     return values if scale == 1.0 else values * scale
+
+
+def _padded_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a + b over rows (dim 0), the shorter taken as zero in the rows it lacks."""
+    if a.shape[0] < b.shape[0]:
+        a, b = b, a
+    out = a.clone()
+    out[: b.shape[0]] += b
+    return out
+
+
+def summed_terms(terms: tuple[Term, ...]) -> tuple[Term, ...]:
+    """``terms`` as few as their sum allows, for a first moment summed over a response's positions:
+    those on one recorded array joined (``_merged``: a use's positions read from one forward share its
+    features), the other products on one slot stacked into one (the head's rank-one terms, a position
+    each), a lookup's rows put on the union of the rows read, whole arrays added. Why: such a sum then
+    holds a few terms of the response's length, not terms per position, its square sum is a few Gram
+    products and forming it one product per use, where forming each position's into an array was most
+    of a response's first pass."""
+    products: dict[tuple, list[OuterRows]] = {}
+    lookups: list[TableRows] = []
+    wholes: list[Whole] = []
+    rest: list[Term] = []
+    for term in _merged(terms):
+        if isinstance(term, HeadOuter) and term.features is not None:
+            term = OuterRows(term.per_row[None] * term.scale, term.features[None])
+        if isinstance(term, OuterRows):
+            products.setdefault((term.transposed, term.index), []).append(term)
+        elif isinstance(term, TableRows):
+            lookups.append(term)
+        elif isinstance(term, Whole):
+            wholes.append(term)
+        else:
+            rest.append(term)
+    for (transposed, index), group in products.items():
+        if len(group) == 1:
+            rest.append(group[0])
+            continue
+        delta = torch.cat([_times(t.delta, t.scale) for t in group])
+        rest.append(OuterRows(delta, torch.cat([t.feature for t in group]), transposed, index))
+    if len(lookups) > 1:
+        unique, inverse = torch.unique(torch.cat([t.unique for t in lookups]), return_inverse=True)
+        rows = torch.cat([_times(t.rows, t.scale) for t in lookups])
+        summed = rows.new_zeros(unique.numel(), rows.shape[1]).index_add_(0, inverse, rows)
+        rest.append(TableRows(unique, summed))
+    else:
+        rest += lookups
+    if len(wholes) > 1:
+        rest.append(Whole(torch.stack([_times(t.value, t.scale) for t in wholes]).sum(0)))
+    else:
+        rest += wholes
+    return tuple(rest)
 
 
 @dataclass(frozen=True)
@@ -273,7 +331,19 @@ def _shared_side(term: Term) -> tuple[tuple, str] | None:
     """What a term may share with another of the same tensor (the same recorded array: a use's
     features, the head's h, a lookup's rows), and which of its sides is then its own."""
     if isinstance(term, OuterRows):
-        return ("use", id(term.feature), term.transposed, term.index), "right" if term.transposed else "left"
+        # by the memory the features are read from, so that a context's first rows of a longer forward's
+        # features (``CapturedForward.at``) share them: the same memory holds the same values
+        feature = term.feature
+        key = (
+            "use",
+            feature.device,
+            feature.data_ptr(),
+            feature.stride(),
+            feature.shape[1:],
+            term.transposed,
+            term.index,
+        )
+        return key, "right" if term.transposed else "left"
     if isinstance(term, HeadOuter):
         return ("head", None if term.features is None else id(term.features)), "left"
     if isinstance(term, TableRows):
@@ -299,9 +369,14 @@ def _all_sides(terms: tuple[Term, ...]) -> list[_Sides] | None:
         elif own == "left":
             before = sides[at]
             assert before.left is not None and side.left is not None
-            sides[at] = replace(before, left=before.left + side.left)
+            longer = before.right if before.right.shape[0] >= side.right.shape[0] else side.right
+            sides[at] = replace(before, left=_padded_sum(before.left, side.left), right=longer)
         else:
-            sides[at] = replace(sides[at], right=sides[at].right + side.right)
+            before = sides[at]
+            left = before.left
+            if left is not None and side.left is not None and side.left.shape[0] > left.shape[0]:
+                left = side.left
+            sides[at] = replace(before, left=left, right=_padded_sum(before.right, side.right))
     return sides
 
 

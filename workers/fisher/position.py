@@ -10,7 +10,8 @@ tied embedding adds its input-side terms and the cross term 2 mu_c g'(l_c) h_k (
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ from workers.fisher.directions import (
     LinearGroup,
     SquareGroup,
     backprop_directions,
+    backprop_positions,
 )
 from workers.fisher.first_moments import Factored, FirstMoment, HeadOuter, Whole
 from workers.fisher.logit_map import LogitJacobian, logit_jacobian
@@ -117,7 +119,8 @@ def head_rows(model: nn.Module) -> torch.Tensor:
 
 
 def looked_up_rows(capture: CapturedForward, name: str) -> list[int]:
-    """Rows of a tied table that get input-side gradient: the ids its lookups read (no padding row)."""
+    """Rows of a tied table that get input-side gradient: the ids its lookups read (no padding row; of a
+    longer forward read at a position, the context's, ``CapturedForward.at``)."""
     if capture.routes.get(name) == "autograd":
         raise UnsupportedArchitecture(
             f"the tied table {name} is read by something other than an embedding lookup; its cross "
@@ -153,34 +156,85 @@ def position_moments(
     a lower bound but on a tied table's context rows, whose cross term has either sign; first moments
     exact; read before ``on_partial`` returns), ``kept_share`` is the share of trace(C_mu) they carry.
     """
-    layout = HeadLayout.of(model)
     capture = capture or capture_forward(model, inputs.context_ids)
-    position = capture.length - 1
-    h = capture.hidden[position].detach()
-    jacobian = logit_jacobian(capture, position, head_rows(model))
-    planned = planned or _fisher_plans(layout, inputs, capture, jacobian, method)
-    cov_mu, p_row, plans = planned.cov_mu, planned.p_row, planned.plans
-
-    squares = [SquareGroup(name, plan.vectors, plan.weights) for name, plan in plans.items()]
-    linears = [LinearGroup("kbar_mu", cov_mu.mean_row)]
-    if not inputs.on_policy:
-        linears.append(LinearGroup("kbar_p", p_row))
-    reward_mean, reward_std, policy_grad = _reward_direction(inputs, jacobian)
-    if policy_grad is not None:
-        linears.append(policy_grad)
-    probes = _tied_row_probes(layout, plans)
-    build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, reward_mean, reward_std)
+    work = PositionWork.of(model, inputs, method, capture, planned)
     results = backprop_directions(
         capture,
-        position,
-        squares,
-        linears,
-        probes,
+        capture.position,
+        work.squares,
+        work.linears,
+        work.probes,
         memory_budget_bytes=memory_budget_bytes,
         progress=progress,
-        on_chunk=None if on_partial is None else _partial_per_chunk(plans["fisher"], build, on_partial),
+        on_chunk=None if on_partial is None else _partial_per_chunk(work.plan_mu, work.build, on_partial),
     )
-    return build(results)
+    return work.build(results)
+
+
+def positions_moments(
+    works: Iterable[PositionWork], memory_budget_bytes: int
+) -> Iterator[tuple[PositionWork, PositionMoments]]:
+    """``position_moments`` of positions read from one forward (``CapturedForward.at``), their directions
+    back-propagated together (``backprop_positions``); each position's moments are made after the one
+    before is taken (a position's Fisher is parameter-sized: the caller drops each before the next)."""
+    taken: deque[PositionWork] = deque()
+
+    def directions() -> Iterator[tuple]:
+        for work in works:
+            taken.append(work)
+            yield work.capture, work.squares, work.linears, work.probes
+
+    for results in backprop_positions(directions(), memory_budget_bytes):
+        work = taken.popleft()
+        yield work, work.build(results)
+
+
+@dataclass
+class PositionWork:
+    """A position's directions (its Fisher's square groups, its first moments, the tied probes) and how
+    its moments are made from what they bring back (``build``), before any backward runs."""
+
+    inputs: PositionInputs
+    capture: CapturedForward
+    squares: list[SquareGroup]
+    linears: list[LinearGroup]
+    probes: list[EmbeddingRowProbe]
+    plan_mu: SecondMomentPlan
+    build: _Assembly
+
+    @classmethod
+    def of(
+        cls,
+        model: nn.Module,
+        inputs: PositionInputs,
+        method: Method,
+        capture: CapturedForward,
+        planned: FisherPlans | None = None,
+        fisher_totals: bool = False,
+    ) -> PositionWork:
+        """``fisher_totals``: of each Fisher only its tensors' totals (float64 scalars), never formed
+        (``SquareTotals``): what a response's first pass keeps of a position without a reward (the
+        bound, std(r) sum sqrt(F), needs F per parameter)."""
+        if fisher_totals and inputs.reward is not None:
+            raise ValueError("the bound needs the Fisher per parameter: not its totals alone")
+        layout = HeadLayout.of(model)
+        position = capture.position
+        h = capture.hidden[position].detach()
+        jacobian = logit_jacobian(capture, position, head_rows(model))
+        planned = planned or _fisher_plans(layout, inputs, capture, jacobian, method)
+        cov_mu, p_row, plans = planned.cov_mu, planned.p_row, planned.plans
+        squares = [
+            SquareGroup(name, plan.vectors, plan.weights, fisher_totals) for name, plan in plans.items()
+        ]
+        linears = [LinearGroup("kbar_mu", cov_mu.mean_row)]
+        if not inputs.on_policy:
+            linears.append(LinearGroup("kbar_p", p_row))
+        reward_mean, reward_std, policy_grad = _reward_direction(inputs, jacobian)
+        if policy_grad is not None:
+            linears.append(policy_grad)
+        probes = _tied_row_probes(layout, plans)
+        build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, reward_mean, reward_std, fisher_totals)
+        return cls(inputs, capture, squares, linears, probes, plans["fisher"], build)
 
 
 @dataclass
@@ -213,7 +267,7 @@ def fisher_plans(
     model: nn.Module, inputs: PositionInputs, capture: CapturedForward, method: Method
 ) -> FisherPlans:
     """The plans ``position_moments`` makes at the last position of ``capture`` (to make them once)."""
-    jacobian = logit_jacobian(capture, capture.length - 1, head_rows(model))
+    jacobian = logit_jacobian(capture, capture.position, head_rows(model))
     return _fisher_plans(HeadLayout.of(model), inputs, capture, jacobian, method)
 
 
@@ -294,10 +348,18 @@ class _Assembly:
     cov_mu: OutputCovariance
     reward_mean: float | None
     reward_std: float | None
+    # each Fisher as its tensors' totals (float64 scalars; ``PositionWork.of``)
+    fisher_totals: bool = False
 
     def __call__(self, results: DirectionResults) -> PositionMoments:
-        layout, h, inputs = self.layout, self.h, self.inputs
+        layout, h = self.layout, self.h
         head = HeadTerms(layout, h, self.jacobian.head_scale())
+        if self.fisher_totals:
+            return self._moments(
+                results,
+                head,
+                {name: head.second_moment_totals(results, name, plan) for name, plan in self.plans.items()},
+            )
 
         # the head's closed form goes into the results' own head tensor, a copy where a snapshot's is
         # still the running pass's sum
@@ -312,6 +374,12 @@ class _Assembly:
                 if row is not None:
                     params[layout.head_name][c] += 2 * head.scale[c].to(h.dtype) * h * row.to(h.dtype)
             second[name] = params
+        return self._moments(results, head, second)
+
+    def _moments(
+        self, results: DirectionResults, head: HeadTerms, second: dict[str, Params]
+    ) -> PositionMoments:
+        inputs = self.inputs
         kbar_mu = head.first_moment(results.linears.get("kbar_mu"), inputs.mu)
         kbar_p = kbar_mu if inputs.on_policy else head.first_moment(results.linears.get("kbar_p"), inputs.p)
         policy_grad = None
@@ -325,7 +393,7 @@ class _Assembly:
             kbar_mu=kbar_mu,
             kbar_p=kbar_p,
             policy_grad=policy_grad,
-            hidden=h,
+            hidden=self.h,
             head_scale=self.jacobian.head_scale(),
             cov_mu=self.cov_mu,
             plan_mu=plan_mu,
@@ -364,6 +432,25 @@ class HeadTerms:
                 entry = entry.plus(HeadOuter(per_row, None))
             entries[name] = entry
         return FirstMoment(entries)
+
+    def second_moment_totals(self, results: DirectionResults, group: str, plan: SecondMomentPlan) -> Params:
+        """``second_moment`` with the tied cross term as each tensor's total (float64 scalars), from the
+        square group's totals (``SquareTotals``): the head's closed form adds sum_c coefficient_c
+        ||h||^2 (the bias: sum_c coefficient_c), the cross term 2 sum_c g'(l_c) h . probe_c."""
+        h = self.h.double()
+        coefficient = float(plan.head_coefficient.sum())
+        given = results.squares.get(group, {})
+        zero = torch.zeros((), dtype=torch.float64)
+        out = {name: given.get(name, zero).double() for name in self.layout.names}
+        out[self.layout.head_name] = out[self.layout.head_name] + coefficient * float(h @ h)
+        if self.layout.head_bias_name is not None:
+            out[self.layout.head_bias_name] = out[self.layout.head_bias_name] + coefficient
+        for c in plan.probes:  # tied cross term, rows the context reads only
+            row = results.probes.get(f"{group}:{c}")
+            if row is not None:
+                cross = 2 * float(self.scale[c]) * float(h @ row.double())
+                out[self.layout.head_name] = out[self.layout.head_name] + cross
+        return out
 
     def second_moment(
         self, input_side: Params | None, coefficient: torch.Tensor, in_place: bool = False

@@ -9,7 +9,7 @@ are asked for, a cheap first pass over every position comes first (``_FirstPass`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -25,8 +25,10 @@ from workers.fisher.position import (
     PartialCallback,
     PositionInputs,
     PositionMoments,
+    PositionWork,
     fisher_plans,
     position_moments,
+    positions_moments,
 )
 from workers.fisher.sampler import Sampler, model_distribution, sampler_distribution
 from workers.fisher.shards import current_shard
@@ -329,20 +331,27 @@ class _FirstPass:
         summed: dict[str, dict[str, float]] = {}  # key -> tensor -> the positions' totals so far
         plans: list[FisherPlans | None] = []
         kept_bytes = 0
-        for t in range(forward.positions):
-            p, mu = forward.distributions(t)
-            inputs = PositionInputs(forward.context(t), p, mu, reward, sampler.is_on_policy, fisher_under_p)
-            capture = capture_forward(forward.model, inputs.context_ids)
-            planned = fisher_plans(forward.model, inputs, capture, method)
-            moments = position_moments(
-                forward.model,
-                inputs,
-                method,
-                capture,
-                memory_budget_bytes=memory_budget_bytes,
-                planned=planned.leading(first_pass_directions(planned.directions, capture.length)),
-            )
-            del capture
+        # one forward of the response, read at each position (``CapturedForward.at``)
+        whole = capture_forward(forward.model, forward.context(forward.positions - 1))
+
+        def works() -> Iterator[PositionWork]:
+            nonlocal kept_bytes
+            for t in range(forward.positions):
+                p, mu = forward.distributions(t)
+                on_policy = sampler.is_on_policy
+                inputs = PositionInputs(forward.context(t), p, mu, reward, on_policy, fisher_under_p)
+                capture = whole.at(forward.first + t)
+                planned = fisher_plans(forward.model, inputs, capture, method)
+                # kept for the exact pass within half the workspace (a 64-token response on a 2048-wide
+                # model would hold 4 GB); the others are made again
+                kept_bytes += planned.nbytes()
+                plans.append(planned if kept_bytes <= memory_budget_bytes // 2 else None)
+                leading = planned.leading(first_pass_directions(planned.directions, capture.position + 1))
+                # of the Fisher its totals alone where no bound needs it per parameter
+                yield PositionWork.of(forward.model, inputs, method, capture, leading, reward is None)
+
+        for t, (work, moments) in enumerate(positions_moments(works(), memory_budget_bytes)):
+            inputs = work.inputs
             per_tensor = tensor_totals(moments, inputs.on_policy)
             for key, values in per_tensor.items():
                 into = summed.setdefault(key, {})
@@ -353,11 +362,7 @@ class _FirstPass:
             analysis.sums.add_first_moments(moments)
             if not inputs.on_policy:
                 analysis.accumulated_shift_sq.append(square_total_of(analysis.sums.sums["mean_shift"]))
-            del moments
-            # kept for the exact pass within half the workspace (a 64-token response on a 2048-wide
-            # model would hold 4 GB); the others are made again
-            kept_bytes += planned.nbytes()
-            plans.append(planned if kept_bytes <= memory_budget_bytes // 2 else None)
+            del work, moments
             report("first pass", (t + 1) / forward.positions)
         analysis.model_part = first_pass_model_part(analysis.sums, summed, layout)
         return cls(analysis, plans)

@@ -26,6 +26,7 @@ from workers.fisher.first_moments import (
     FormedCache,
     Piece,
     Root,
+    Whole,
     in_piece,
     pieces_of,
 )
@@ -144,19 +145,30 @@ class MomentSums:
     def add_first_moments(self, m: PositionMoments) -> None:
         """Fold in one position's first moments only (common, mean shift, policy gradient): a response's
         first pass, whose partial result reads the Fisher and the squares as per-tensor totals alone
-        (``response.tensor_totals``); ``second_moments_over`` then hands these sums to the exact pass."""
+        (``response.tensor_totals``); ``second_moments_over`` then hands these sums to the exact pass.
+
+        The sums stay in their small form (``summed_terms``): positions read from one forward of the
+        response share each use's features, so a sum over them is one term per use, formed once by
+        ``second_moments_over``, and its square sums are Gram products."""
         self.dtype = m.hidden.dtype
         self.device = m.hidden.device
-        if self.positions == 1:
-            self._form_first_position()
         shifts = None if m.kbar_mu is m.kbar_p else m.kbar_mu.minus(m.kbar_p)
         for name in self.names:
             if shifts is not None:
-                self._add("mean_shift", name, shifts.entry(name))
-            self._add("common", name, m.kbar_p.entry(name))
+                self._add_small("mean_shift", name, shifts.entry(name))
+            self._add_small("common", name, m.kbar_p.entry(name))
             if m.policy_grad is not None:
-                self._add("policy_grad", name, m.policy_grad.entry(name))
+                self._add_small("policy_grad", name, m.policy_grad.entry(name))
         self.positions += 1
+
+    def _add_small(self, key: str, name: str, value: torch.Tensor | Factored) -> None:
+        """A first moment added to its sum in their small forms (an array taken as a whole term)."""
+        entries = self._table(key).entries
+        if isinstance(value, torch.Tensor):
+            value = Factored(self.shapes[name], value.dtype, value.device, (Whole(value),))
+        current = entries.get(name)
+        assert current is None or isinstance(current, Factored)  # a first pass's sums stay small
+        entries[name] = value if current is None else current.plus(*value.terms).summed()
 
     def second_moments_over(self) -> MomentSums:
         """Sums for a second pass over the same positions: these sums' first moments (whole in a
