@@ -141,23 +141,55 @@ def test_the_first_partial_is_every_positions_truncated_fisher_and_its_whole_fir
     assert first["accumulated"] == pytest.approx(result.accumulated_shift_sq, rel=1e-12)
 
 
+@pytest.mark.parametrize("forward_directions", [response.FORWARD_DIRECTIONS, 0])
+def test_the_refining_round_is_every_positions_fisher_to_ninety_percent_of_its_trace(
+    forward_directions, monkeypatch
+):
+    """The second partial: each position's Fisher cut to the fewest leading eigen-directions of C_mu
+    that carry 90% of its trace, against the float64 brute force of that truncation; from the
+    response's forward, or (a forward costing nothing) each position from its own context's."""
+    monkeypatch.setattr(response, "FORWARD_DIRECTIONS", forward_directions)
+    model = tiny_llama(tied=False)
+    _, seen = _partials(model, Sampler(temperature=0.7))
+    refined = seen[1]
+    full = torch.cat([PREFIX, RESPONSE])
+    head = model.get_output_embeddings().weight.detach()
+    for t in range(RESPONSE.numel()):
+        ids = full[: PREFIX.numel() + t]
+        logits = model(input_ids=ids[None]).logits[0, -1].detach()
+        mu = warped_distribution(logits, 0.7, None, 1.0)
+        eigenvalues = torch.linalg.eigvalsh(head.T @ (torch.diag(mu) - torch.outer(mu, mu)) @ head).flip(0)
+        shares = torch.cumsum(eigenvalues, 0) / eigenvalues.sum()
+        keep = int((shares >= response.REFINED_SHARE).nonzero()[0, 0]) + 1
+        assert keep < eigenvalues.numel()
+        position, _ = _truncated_fisher(model, ids, mu, keep)
+        assert refined["positions"][t] == pytest.approx(
+            sum(float(v.sum()) for v in position.values()), rel=1e-9
+        )
+        assert refined["kept"][t] == pytest.approx(float(shares[keep - 1]), rel=1e-9)
+
+
 def test_refinement_is_monotone_and_ends_at_the_exact_result():
     model = tiny_llama(tied=False)
     sampler = Sampler(temperature=0.7)
     result, seen = _partials(model, sampler, rho=True)
     exact = [r.moments_totals["fisher"] for r in result.positions]
-    # the first pass, then one partial per position the exact pass finishes but the last
-    assert len(seen) == RESPONSE.numel()
+    # the first pass, its round to 90% of every position's trace, then one partial per position the
+    # exact pass finishes but the last
+    assert len(seen) == 2 + RESPONSE.numel() - 1
+    assert min(seen[0]["kept"]) < response.REFINED_SHARE <= min(seen[1]["kept"])
+    assert all(kept < 1.0 for kept in seen[1]["kept"])  # the leading directions that reach it, not all
     shares = [s["kept_share"] for s in seen]
     assert shares == sorted(shares) and shares[-1] < 1.0
-    for done, partial in enumerate(seen):
+    for step, partial in enumerate(seen):
+        done = max(step - 1, 0)  # positions the exact pass has finished
         for t, total in enumerate(partial["positions"]):
             if t < done:
                 assert total == exact[t]  # finished: the exact pass's own record
             else:
                 assert total <= exact[t] * (1 + 1e-12)
-        if done:
-            before = seen[done - 1]["positions"]
+        if step:
+            before = seen[step - 1]["positions"]
             assert all(a <= b * (1 + 1e-12) for a, b in zip(before, partial["positions"], strict=True))
     alone = analyze_sequence(model, PREFIX, RESPONSE, sampler, Method(), memory_budget_bytes=BUDGET)
     assert result.sums.has_rho and alone.sums.has_rho
@@ -193,8 +225,9 @@ def test_a_tied_tables_first_partial_and_responses_without_a_first_pass():
 
 
 def test_the_first_passs_model_part_holds_every_partial_and_no_second_moment_is_summed():
-    """The first pass makes the model's part of the partial summaries from per-tensor totals: every
-    partial carries it, and no partial's sums hold a parameter-sized Fisher or square."""
+    """The first pass makes the model's part of the partial summaries from per-tensor totals, its
+    refining round again with more of the Fisher: every later partial carries the round's, and no
+    partial's sums hold a parameter-sized Fisher or square."""
     model = tiny_llama(tied=False)
     snapshots: list[tuple[dict | None, set[str]]] = []
 
@@ -206,8 +239,25 @@ def test_the_first_passs_model_part_holds_every_partial_and_no_second_moment_is_
         model, PREFIX, RESPONSE, Sampler(temperature=0.7), Method(), memory_budget_bytes=BUDGET,
         on_partial=on_partial,
     )  # fmt: skip
-    first_part = snapshots[0][0]
+    first_part, refined = snapshots[0][0], snapshots[1][0]
     assert first_part is not None and first_part["concentration"] is None
-    assert all(part is first_part for part, _ in snapshots)
+    assert refined is not None and all(part is refined for part, _ in snapshots[1:])
+    for key in ("fisher", "uncentered", "raw"):
+        assert refined["totals"][key] > first_part["totals"][key]
+    for key in ("mean_shift_sq", "common_sq"):  # the first moments are the first pass's
+        assert refined["totals"][key] == first_part["totals"][key]
     assert all(keys == {"mean_shift", "common"} for _, keys in snapshots)
     assert {"fisher", "mean_shift_sq", "kbar_mu_sq"} <= set(result.sums.sums)
+
+
+def test_with_a_reward_the_first_pass_has_no_refining_round():
+    """The bound std(r) sum sqrt(F) of a round would need each position's Fisher per parameter."""
+    model = tiny_llama(tied=False)
+    reward = torch.zeros(model.config.vocab_size, dtype=torch.float64)
+    reward[[4, 9]] = 1.0
+    kept: list[float] = []
+    analyze_sequence(
+        model, PREFIX, RESPONSE, Sampler(temperature=0.7), Method(), reward, memory_budget_bytes=BUDGET,
+        on_partial=lambda snapshot, share: kept.append(min(r.kept_share for r in snapshot().positions)),
+    )  # fmt: skip
+    assert len(kept) == RESPONSE.numel() and kept[0] < response.REFINED_SHARE

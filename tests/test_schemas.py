@@ -13,6 +13,7 @@ from backend.cost import (
     FIRST_PASS_DIRECTIONS,
     FIRST_PASS_FLOPS_PER_PARAM,
     GHOST_PAIR_FLOPS_PER_PARAM,
+    REFINING_DIRECTION_SHARE,
     SUMMARY_FLOPS_PER_PARAM,
     context_lengths,
     estimate_cost,
@@ -239,16 +240,22 @@ def test_cost_counts_the_tied_tables_probes() -> None:
 
 def test_a_responses_seconds_count_its_first_pass_where_partials_are_given() -> None:
     """The service's analyses give partial results: an exact response's seconds then add its first pass
-    (a forward and the first moments' directions per context token, and the per-parameter work per
-    position); a prefix, a truncated or sampled method and the data sampler take no first pass."""
+    (per position, the first moments' directions over the whole response's context and the
+    per-parameter work) and, without a reward, its refining round (a share of the exact directions,
+    spent again); a prefix, a truncated or sampled method and the data sampler take no first pass."""
     info = type("Info", (), {"n_params": 1000, "d_model": 64, "vocab_size": 10, "tied_embeddings": False})()
     response = AnalysisJob(model="m", weights_digest="d", input_ids=[1, 2, 3], continuation_ids=[7, 8, 9])
     alone = estimate_cost(info, response, RATE)
     served = estimate_cost(info, response, RATE, partials=True)
-    first_pass = 1000 * sum(
-        DIRECTION_EFFICIENCY * 2 * FIRST_PASS_DIRECTIONS * n + FIRST_PASS_FLOPS_PER_PARAM for n in (3, 4, 5)
+    first_pass = (
+        1000 * 3 * (DIRECTION_EFFICIENCY * 2 * FIRST_PASS_DIRECTIONS * 5 + FIRST_PASS_FLOPS_PER_PARAM)
     )
-    assert served.seconds == pytest.approx(alone.seconds + first_pass / RATE)
+    refining = REFINING_DIRECTION_SHARE * DIRECTION_EFFICIENCY * alone.flops
+    assert served.seconds == pytest.approx(alone.seconds + (first_pass + refining) / RATE)
+    rewarded = response.model_copy(update={"reward": {"7": 1.0}})
+    assert estimate_cost(info, rewarded, RATE, partials=True).seconds == pytest.approx(
+        estimate_cost(info, rewarded, RATE).seconds + first_pass / RATE
+    )  # no round: its bound would need the Fisher per parameter
     assert served.flops == alone.flops  # the budget counts the direction pass alone
     sampled = response.model_copy(
         update={"continuation_ids": [], "continuation_sample": SampleSpec(max_tokens=3, seed=1)}

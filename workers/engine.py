@@ -42,7 +42,8 @@ PartialCallback = Callable[[dict, float], None]  # (light summary, kept share of
 _STAGES = {
     "forward": (0.0, 0.05),
     "first pass": (0.05, 0.1),  # a response's, with partial results (``response._FirstPass``)
-    "directions": (0.1, 0.85),
+    "refining": (0.1, 0.2),  # its round to 90% of every position's trace (``_FirstPass.refine``)
+    "directions": (0.2, 0.85),
     "summary": (0.85, 1.0),
 }
 CURVE_STATS = ("fisher", "uncentered", "raw")

@@ -417,13 +417,14 @@ def backprop_positions(
     a first chunk), and a backward of its own for each ran at 26 ms a direction on SmolLM2 at 26 rows,
     17 ms in batches of 80. ``positions`` is read lazily, a chunk's worth ahead of the results: the
     caller's work for a position (its plans) need not be made for all at once. A position with more
-    directions than a chunk runs alone."""
+    directions than a chunk, or of another forward than the positions before it, starts a backward of
+    its own."""
     batch: list[_DirectionPass] = []
     held = 0
     for capture, squares, linears, probes in positions:
         work = _DirectionPass(capture, squares, linears, probes, memory_budget_bytes)
         chunk = _chunk_size(capture, memory_budget_bytes)
-        if batch and held + len(work.rows) > chunk:
+        if batch and (held + len(work.rows) > chunk or capture.hidden is not batch[0].capture.hidden):
             yield from _shared_backward(batch)
             batch, held = [], 0
         if len(work.rows) > chunk:

@@ -29,6 +29,15 @@ class SecondMomentPlan:
     # C_q): any vector, a probe's included, is the sum of its coordinates on them
     complete_basis: bool = False
 
+    def directions_reaching(self, share: float) -> int:
+        """The fewest leading directions whose kept share (``leading``) is at least ``share`` (all of
+        them where the plan as a whole keeps less)."""
+        total = float(self.weights.sum())
+        if total <= 0 or self.kept_share < share:
+            return int(self.vectors.shape[0])
+        reached = self.kept_share * torch.cumsum(self.weights, 0) / total >= share
+        return int(reached.nonzero()[0, 0]) + 1 if bool(reached.any()) else int(self.vectors.shape[0])
+
     def leading(self, count: int) -> SecondMomentPlan:
         """The plan cut to its first ``count`` directions (the largest, for exact and truncated): what a
         first chunk of directions gives. Probes keep their basis, so a probe's row is summed over the

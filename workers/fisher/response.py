@@ -227,6 +227,9 @@ def analyze_sequence(
             forward, layout, method, reward, fisher_under_p, memory_budget_bytes, report
         )
         on_partial(first_pass.snapshot, first_pass.kept_share())
+        if first_pass.refine(report):
+            on_partial(first_pass.snapshot, first_pass.kept_share())
+        first_pass.release()
         # its first moments are whole: the exact pass adds the second moments and the squares
         first = first_pass.analysis
         result = SequenceAnalysis(
@@ -286,6 +289,14 @@ def _worth_a_first_pass(sampler: Sampler, method: Method, positions: int) -> boo
     return current_shard() is None and takes_a_first_pass(method, sampler, positions)
 
 
+# the share of every position's trace(C_mu) a response's refining round reaches (``_FirstPass.refine``)
+REFINED_SHARE = 0.9
+# a forward of a context costs about as much as this many directions back over it (SmolLM2, 2-core CPU:
+# 0.1 s, directions at 15-20 ms); a position of the refining round whose directions would cost more
+# than that over the response's rows beyond its own takes a forward of its own context
+FORWARD_DIRECTIONS = 8
+
+
 @dataclass
 class _FirstPass:
     """A response's first pass: every position with its first moments, the head's closed forms and the
@@ -293,27 +304,36 @@ class _FirstPass:
     be more than a tenth of them, ``first_pass_directions``). Its snapshot is a partial result that
     covers every position: first moments, mean shift, policy gradient, chi^2 and the SFT identity
     complete, each Fisher a lower bound (but on a tied table's context rows) with its position's kept
-    share. As the exact pass finishes positions, their records replace the first pass's; the model's
-    totals stay the first pass's until the exact result.
+    share. A refining round (``refine``) then takes every position to ``REFINED_SHARE`` of its trace.
+    As the exact pass finishes positions, their records replace these; the model's totals stay the
+    first pass's until the exact result.
 
-    What it keeps: the first moments summed as arrays (the exact pass takes them over,
-    ``MomentSums.second_moments_over``), and of the Fisher and the squares only each tensor's totals
-    (``tensor_totals``), from which the snapshot's model part is made (``first_pass_model_part``): all that
-    a partial result's light summary reads. Why: summed per parameter, a position's Fisher and squares
-    were half of the pass's time (a fresh parameter-sized array per stat, then an addition into it per
-    position), which the exact pass spends again.
+    One forward of the response serves every position (``CapturedForward.at``), whose directions go
+    back together (``positions_moments``). What it keeps: the first moments summed in their small form
+    (the exact pass takes them over, ``MomentSums.second_moments_over``), and of the Fisher and the
+    squares only each tensor's totals (``tensor_totals``; without a reward the Fisher is never formed),
+    from which the snapshot's model part is made (``first_pass_model_part``): all that a partial
+    result's light summary reads.
 
     Why a pass of its own rather than positions in rounds: the exact pass must see each position's
     whole Fisher at once (the bound and the kept roots take its square root), and keeping a paused
     position's sums would hold a parameter-sized array per position. What it costs: its first chunk
-    again, ``first_chunk_directions`` per position (4 of ~576 at 20 tokens on SmolLM2). Each
-    position's plans (C_mu's V d^2 Gram product and its eigendecomposition) are made once for both
-    passes.
+    again, ``first_chunk_directions`` per position (4 of ~576 at 20 tokens on SmolLM2), and the refining
+    round's directions. Each position's plans (C_mu's V d^2 Gram product and its eigendecomposition) are
+    made once for all passes.
     """
 
     analysis: SequenceAnalysis
-    # each position's plans (C_mu and its eigen-directions: d x d), made once for both passes
+    # each position's plans (C_mu and its eigen-directions: d x d), made once for all passes
     plans: list[FisherPlans | None]
+    forward: SequenceForward
+    whole: CapturedForward | None  # the response's forward, until the first pass and its round are done
+    layout: HeadLayout
+    method: Method
+    reward: torch.Tensor | None
+    fisher_under_p: bool
+    memory_budget_bytes: int
+    per_tensor: list[dict[str, dict[str, float]]] = field(default_factory=list)  # each position's totals
 
     @classmethod
     def run(
@@ -326,37 +346,53 @@ class _FirstPass:
         memory_budget_bytes: int,
         report: Progress,
     ) -> _FirstPass:
-        sampler = forward.sampler
-        analysis = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
-        summed: dict[str, dict[str, float]] = {}  # key -> tensor -> the positions' totals so far
-        plans: list[FisherPlans | None] = []
-        kept_bytes = 0
-        # one forward of the response, read at each position (``CapturedForward.at``)
         whole = capture_forward(forward.model, forward.context(forward.positions - 1))
+        first = cls(
+            SequenceAnalysis(MomentSums(layout.names, layout.shapes)),
+            [],
+            forward,
+            whole,
+            layout,
+            method,
+            reward,
+            fisher_under_p,
+            memory_budget_bytes,
+        )
+        first._pass(report)
+        return first
+
+    def _inputs(self, t: int) -> PositionInputs:
+        forward = self.forward
+        p, mu = forward.distributions(t)
+        on_policy = forward.sampler.is_on_policy
+        return PositionInputs(forward.context(t), p, mu, self.reward, on_policy, self.fisher_under_p)
+
+    def _pass(self, report: Progress) -> None:
+        forward, analysis, budget = self.forward, self.analysis, self.memory_budget_bytes
+        assert self.whole is not None
+        whole = self.whole
+        kept_bytes = 0
 
         def works() -> Iterator[PositionWork]:
             nonlocal kept_bytes
             for t in range(forward.positions):
-                p, mu = forward.distributions(t)
-                on_policy = sampler.is_on_policy
-                inputs = PositionInputs(forward.context(t), p, mu, reward, on_policy, fisher_under_p)
+                inputs = self._inputs(t)
                 capture = whole.at(forward.first + t)
-                planned = fisher_plans(forward.model, inputs, capture, method)
+                planned = fisher_plans(forward.model, inputs, capture, self.method)
                 # kept for the exact pass within half the workspace (a 64-token response on a 2048-wide
                 # model would hold 4 GB); the others are made again
                 kept_bytes += planned.nbytes()
-                plans.append(planned if kept_bytes <= memory_budget_bytes // 2 else None)
+                self.plans.append(planned if kept_bytes <= budget // 2 else None)
                 leading = planned.leading(first_pass_directions(planned.directions, capture.position + 1))
                 # of the Fisher its totals alone where no bound needs it per parameter
-                yield PositionWork.of(forward.model, inputs, method, capture, leading, reward is None)
+                yield PositionWork.of(
+                    forward.model, inputs, self.method, capture, leading, self.reward is None
+                )
 
-        for t, (work, moments) in enumerate(positions_moments(works(), memory_budget_bytes)):
+        for t, (work, moments) in enumerate(positions_moments(works(), budget)):
             inputs = work.inputs
             per_tensor = tensor_totals(moments, inputs.on_policy)
-            for key, values in per_tensor.items():
-                into = summed.setdefault(key, {})
-                for name, value in values.items():
-                    into[name] = into.get(name, 0.0) + value
+            self.per_tensor.append(per_tensor)
             analysis.positions.append(_record(inputs, moments, forward.target(t), per_tensor))
             analysis.directions += moments.directions
             analysis.sums.add_first_moments(moments)
@@ -364,8 +400,63 @@ class _FirstPass:
                 analysis.accumulated_shift_sq.append(square_total_of(analysis.sums.sums["mean_shift"]))
             del work, moments
             report("first pass", (t + 1) / forward.positions)
-        analysis.model_part = first_pass_model_part(analysis.sums, summed, layout)
-        return cls(analysis, plans)
+        self._model_part()
+
+    def _model_part(self) -> None:
+        summed: dict[str, dict[str, float]] = {}  # key -> tensor -> the positions' totals
+        for per_tensor in self.per_tensor:
+            for key, values in per_tensor.items():
+                into = summed.setdefault(key, {})
+                for name, value in values.items():
+                    into[name] = into.get(name, 0.0) + value
+        self.analysis.model_part = first_pass_model_part(self.analysis.sums, summed, self.layout)
+
+    def refine(self, report: Progress) -> bool:
+        """A round that takes every position below ``REFINED_SHARE`` of its trace(C_mu) to it: the
+        leading directions that reach it, from the response's one forward, in shared backward passes,
+        the Fisher as totals. Its snapshot replaces those positions' records (the first moments and
+        their squares stay the first pass's). Whether it ran: not with a reward, whose bound would need
+        each position's Fisher per parameter, nor where every position is there already.
+
+        A position whose directions would cost more over the response's rows than a forward of its own
+        context saves (``FORWARD_DIRECTIONS``) runs on that forward instead: on the policy a position
+        takes tens to a hundred directions to 90%.
+
+        Why: the exact pass finishes positions one after another, so the last reached 90% of its trace
+        only at the end; the round costs its directions once more (the exact pass repeats them)."""
+        records = self.analysis.positions
+        todo = [t for t, record in enumerate(records) if record.kept_share < REFINED_SHARE]
+        if self.reward is not None or not todo or self.whole is None:
+            return False
+        forward, whole = self.forward, self.whole
+
+        def works() -> Iterator[PositionWork]:
+            for t in todo:
+                inputs = self._inputs(t)
+                capture = whole.at(forward.first + t)
+                planned = self.plans[t] or fisher_plans(forward.model, inputs, capture, self.method)
+                leading = planned.leading(planned.plans["fisher"].directions_reaching(REFINED_SHARE))
+                rows = capture.position + 1
+                if leading.directions * (whole.length - rows) > FORWARD_DIRECTIONS * whole.length:
+                    capture = capture_forward(forward.model, inputs.context_ids)
+                yield PositionWork.of(forward.model, inputs, self.method, capture, leading, True)
+
+        for done, (t, (work, moments)) in enumerate(
+            zip(todo, positions_moments(works(), self.memory_budget_bytes), strict=True)
+        ):
+            per_tensor = dict(self.per_tensor[t])
+            per_tensor["fisher"] = {name: float(value.sum()) for name, value in moments.fisher.items()}
+            self.per_tensor[t] = per_tensor
+            records[t] = _record(work.inputs, moments, forward.target(t), per_tensor)
+            self.analysis.directions += moments.directions
+            del work, moments
+            report("refining", (done + 1) / len(todo))
+        self._model_part()
+        return True
+
+    def release(self) -> None:
+        """The response's forward is no longer needed (the exact pass captures each context)."""
+        self.whole = None
 
     def take_plans(self, t: int) -> FisherPlans | None:
         """Position t's plans, handed over once to the exact pass."""
