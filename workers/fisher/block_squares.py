@@ -256,11 +256,10 @@ class SquareTotals:
     (``response.tensor_totals``), and forming a first chunk's squares, parameter-sized at every position,
     was a third of its time on the policy. A Gram of r rows costs r^2 (b o + i) per block, not o i."""
 
-    ghost_blocks: frozenset[int] = frozenset()  # no block keeps moments between chunks
-    ghost: dict[int, torch.Tensor] = {}
-
     def __init__(self) -> None:
         self.totals: dict[str, float] = {}
+        self.ghost_blocks: frozenset[int] = frozenset()  # no block keeps moments between chunks
+        self.ghost: dict[int, torch.Tensor] = {}
 
     def _add(self, name: str, value: float) -> None:
         self.totals[name] = self.totals.get(name, 0.0) + value

@@ -470,7 +470,8 @@ def check_causal(capture: CapturedForward, position: int, targets: list[torch.Te
     rows after it would add to its moments what a forward of its context alone does not have."""
     if position == capture.length - 1:
         return
-    for target, grad in zip(targets, grads, strict=False):
+    uses = len(targets) - len(capture.generic)  # the outputs of uses; then parameters, which have no rows
+    for target, grad in zip(targets[:uses], grads[:uses], strict=True):
         if grad is None or target.numel() // target.shape[-1] != capture.length:
             continue
         later = grad.reshape(grad.shape[0], capture.length, -1)[:, position + 1 :]
