@@ -261,3 +261,38 @@ def test_with_a_reward_the_first_pass_has_no_refining_round():
         on_partial=lambda snapshot, share: kept.append(min(r.kept_share for r in snapshot().positions)),
     )  # fmt: skip
     assert len(kept) == RESPONSE.numel() and kept[0] < response.REFINED_SHARE
+
+
+def test_a_partials_tied_cross_term_is_that_of_the_directions_kept():
+    """A plan cut to its leading directions sums each probe's row from its coordinates on them: the same
+    Fisher as back-propagating the probe projected onto those directions, under top-k (whose directions
+    are not a basis of the hidden space) as on the policy."""
+    from dataclasses import replace
+
+    from workers.fisher.capture import capture_forward
+    from workers.fisher.position import PositionInputs, fisher_plans, position_moments
+
+    model = tiny_llama(tied=True)
+    ids = torch.cat([PREFIX, RESPONSE[:2]])
+    logits = model(input_ids=ids[None]).logits[0, -1].detach()
+    for sampler in (Sampler(temperature=0.7, top_k=6), Sampler()):
+        p = torch.softmax(logits, -1)
+        mu = warped_distribution(logits, sampler.temperature, sampler.top_k, 1.0)
+        inputs = PositionInputs(ids, p, mu, None, sampler.is_on_policy, fisher_under_p=False)
+        capture = capture_forward(model, ids)
+        planned = fisher_plans(model, inputs, capture, Method())
+        kept = planned.leading(3)
+        plan = kept.plans["fisher"]
+        assert plan.probes_on_kept and plan.probes  # the context reads rows the sampler draws
+        projected = {c: plan.vectors.T @ (plan.vectors @ v) for c, v in plan.probes.items()}
+        by_backward = replace(
+            kept,
+            plans={"fisher": replace(plan, probes=projected, probes_on_kept=False, complete_basis=False)},
+        )
+        found = position_moments(model, inputs, Method(), capture, memory_budget_bytes=BUDGET, planned=kept)
+        expected = position_moments(
+            model, inputs, Method(), capture, memory_budget_bytes=BUDGET, planned=by_backward
+        )
+        assert found.directions < expected.directions  # no backward for the probes
+        for name, value in expected.fisher.items():
+            torch.testing.assert_close(found.fisher[name], value, rtol=1e-10, atol=1e-13)

@@ -28,6 +28,9 @@ class SecondMomentPlan:
     # the vectors are an orthonormal basis of the whole hidden space (every eigenvector of a full-rank
     # C_q): any vector, a probe's included, is the sum of its coordinates on them
     complete_basis: bool = False
+    # a plan cut to its leading directions (``leading``): its probes' rows are summed over the directions
+    # kept, from their coordinates, whatever the basis
+    probes_on_kept: bool = False
 
     def directions_reaching(self, share: float) -> int:
         """The fewest leading directions whose kept share (``leading``) is at least ``share`` (all of
@@ -40,8 +43,10 @@ class SecondMomentPlan:
 
     def leading(self, count: int) -> SecondMomentPlan:
         """The plan cut to its first ``count`` directions (the largest, for exact and truncated): what a
-        first chunk of directions gives. Probes keep their basis, so a probe's row is summed over the
-        directions kept, as a partial result's is."""
+        first chunk of directions gives. A probe's row is summed over the directions kept, from its
+        coordinates on them (``probes_on_kept``), as a partial result's is: the tied cross term of those
+        directions, with no backward of its own (a probe per context token the sampler draws was half
+        of a response's first pass under top-k)."""
         if count >= self.vectors.shape[0]:
             return self
         total = float(self.weights.sum())
@@ -55,6 +60,7 @@ class SecondMomentPlan:
             kept_share=kept_share,
             missing_estimate=(1 - kept_share) / kept_share if kept_share > 0 else 0.0,
             complete_basis=self.complete_basis,
+            probes_on_kept=True,
         )
 
 

@@ -316,7 +316,7 @@ def _tied_row_probes(layout: HeadLayout, plans: dict[str, SecondMomentPlan]) -> 
             c,
             vector,
             group=group,
-            coordinates=plan.vectors @ vector if plan.complete_basis else None,
+            coordinates=plan.vectors @ vector if plan.complete_basis or plan.probes_on_kept else None,
         )
         for group, (name, plan) in enumerate(plans.items())
         for c, vector in plan.probes.items()
