@@ -365,8 +365,20 @@ def backprop_directions(
     (read them before ``on_chunk`` returns: the next chunk adds into the sums they read).
     With it, the first chunk is kept small so that a first partial result comes early.
     """
-    shard = current_shard()
     work = _DirectionPass(capture, squares, linears, probes, memory_budget_bytes)
+    return _backprop(work, position, memory_budget_bytes, progress, on_chunk)
+
+
+def _backprop(
+    work: _DirectionPass,
+    position: int,
+    memory_budget_bytes: int,
+    progress: Progress | None = None,
+    on_chunk: ChunkCallback | None = None,
+) -> DirectionResults:
+    """``backprop_directions`` of a pass already made."""
+    capture = work.capture
+    shard = current_shard()
     if work.vectors is None and shard is None:
         return DirectionResults()
     hidden = capture.hidden[position]
@@ -377,7 +389,7 @@ def backprop_directions(
         progress(0.0)
     lead = work.square_offsets[0]
     if shard is None:
-        first = first_chunk_directions(capture.length)
+        first = first_chunk_directions(position + 1)
         bounds = chunk_bounds(total, lead, chunk, first if on_chunk is not None else None)
         chunks = list(zip(bounds, bounds[1:], strict=False))
     else:  # this process's share, no partial results (a partial would be one process's share only)
@@ -388,7 +400,7 @@ def backprop_directions(
         assert work.vectors is not None
         grads = batched_grad(hidden, targets, work.vectors[start:stop])
         if start == chunks[0][0]:
-            check_causal(capture, position, targets, grads)
+            check_causal(capture, targets, grads)
         work.fold(start, stop - start, grads)
         # freed before the next chunk's backward, which then reuses the pages: held until it returned,
         # they made it touch as much new memory (SmolLM2, 5 tokens: 1e5 page faults, 0.5 s in the kernel)
@@ -428,9 +440,7 @@ def backprop_positions(
             yield from _shared_backward(batch)
             batch, held = [], 0
         if len(work.rows) > chunk:
-            yield backprop_directions(
-                capture, capture.position, squares, linears, probes, memory_budget_bytes=memory_budget_bytes
-            )
+            yield _backprop(work, capture.position, memory_budget_bytes)
             continue
         batch.append(work)
         held += len(work.rows)
@@ -457,17 +467,18 @@ def _shared_backward(batch: list[_DirectionPass]) -> Iterator[DirectionResults]:
     for work, count in zip(batch, counts, strict=True):
         own = tuple(None if grad is None else grad[at : at + count] for grad in grads)
         if count:
-            check_causal(work.capture, work.capture.position, targets, own)
+            check_causal(work.capture, targets, own)
             work.fold(0, count, own)
         at += count
         del own
         yield work.finish(directions=count)
 
 
-def check_causal(capture: CapturedForward, position: int, targets: list[torch.Tensor], grads: tuple) -> None:
+def check_causal(capture: CapturedForward, targets: list[torch.Tensor], grads: tuple) -> None:
     """Refuse a forward read at an earlier position (``CapturedForward.at``) whose later rows its
-    directions reach: every use of one row per token must get exact zeros after ``position``, or the
+    directions reach: every use of one row per token must get exact zeros after the position, or the
     rows after it would add to its moments what a forward of its context alone does not have."""
+    position = capture.position
     if position == capture.length - 1:
         return
     uses = len(targets) - len(capture.generic)  # the outputs of uses; then parameters, which have no rows

@@ -85,7 +85,7 @@ def tensor_totals(m: PositionMoments, on_policy: bool) -> dict[str, dict[str, fl
     shift, the common component, kbar under mu off the policy and, with a reward, the policy gradient),
     and the bound. The squares are summed from the first moments' small forms (``square_sums_of``)."""
     totals = {
-        "fisher": {name: float(v.sum()) for name, v in m.fisher.items()},
+        "fisher": _fisher_totals(m),
         "common_sq": square_sums_of(m.kbar_p),
     }
     if not on_policy:
@@ -97,6 +97,11 @@ def tensor_totals(m: PositionMoments, on_policy: bool) -> dict[str, dict[str, fl
             name: m.reward_std * float(v.clamp_min(0).sqrt().sum()) for name, v in m.fisher.items()
         }
     return totals
+
+
+def _fisher_totals(m: PositionMoments) -> dict[str, float]:
+    """A position's Fisher summed per tensor (of a Fisher kept as totals, ``PositionWork.of``, those)."""
+    return {name: float(v.sum()) for name, v in m.fisher.items()}
 
 
 def _second_moment_totals(totals: dict[str, float]) -> dict[str, float]:
@@ -445,7 +450,7 @@ class _FirstPass:
             zip(todo, positions_moments(works(), self.memory_budget_bytes), strict=True)
         ):
             per_tensor = dict(self.per_tensor[t])
-            per_tensor["fisher"] = {name: float(value.sum()) for name, value in moments.fisher.items()}
+            per_tensor["fisher"] = _fisher_totals(moments)
             self.per_tensor[t] = per_tensor
             records[t] = _record(work.inputs, moments, forward.target(t), per_tensor)
             self.analysis.directions += moments.directions
