@@ -36,11 +36,11 @@ CONTEXT_TOKEN_FLOPS_PER_PARAM = 41  # per context token of each position: activa
 GHOST_PAIR_FLOPS_PER_PARAM = 2.9  # times n (n + 1) per position in the ghost form: its squares, M
 SUMMARY_FLOPS_PER_PARAM = 2000  # once: totals, concentration curves, top coordinates (a prefix's C_mu)
 # A response's first pass, where partial results are asked for (``takes_a_first_pass``): per position its
-# first moments' and probes' few directions, each back-propagated over the whole response's context
-# (one forward serves every position), and its totals and first moments' terms (per parameter; fitted to
-# benchmarks/bench_response.py on SmolLM2-135M: 0.3-0.5 s per position at 340-380 GFLOP/s, of which
-# C_mu's plans, made once for both passes, are not the first pass's own)
-FIRST_PASS_DIRECTIONS = 4
+# first moments' directions and its Fisher's leading one, each back-propagated over the whole response's
+# context (one forward serves every position), and its totals and first moments' terms (per parameter;
+# fitted to benchmarks/bench_response.py on SmolLM2-135M: 0.3-0.5 s per position at 340-380 GFLOP/s, of
+# which C_mu's plans, made once for every pass, are not the first pass's own)
+FIRST_PASS_DIRECTIONS = 3
 FIRST_PASS_FLOPS_PER_PARAM = 600
 # its refining round to 90% of every position's trace (not with a reward): the leading directions that
 # carry it, which the exact pass spends again, as a share of the exact directions (on SmolLM2 7-120 of

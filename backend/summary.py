@@ -213,7 +213,12 @@ class PositionSummary(_Strict):
     target: TargetToken | None
     p: NextTokens
     mu: DistributionSummary
-    spectrum: Spectrum
+    spectrum: Spectrum | None = Field(
+        ...,
+        description="C_mu's spectrum; null in a response's first partial result where mu draws more tokens "
+        "than its first pass reads (its Fisher is then a lower bound from C_mu's part over mu's most "
+        "probable tokens), until the refining round or the position's exact result",
+    )
     output_layer: OutputLayer
     totals: Totals
     reward: RewardMoments | None

@@ -67,6 +67,13 @@ def position_next_token(position: PositionSummary) -> go.Figure:
     return fig
 
 
+# a response's first partial reads C_mu over mu's most probable tokens only (docs/contract.md)
+SPECTRUM_PENDING = (
+    "C_μ's spectrum comes with the next partial result: this first one reads C_μ over μ's most probable "
+    "tokens only, whose leading directions give its lower bound of the Fisher."
+)
+
+
 def spectrum(summary: AnalysisSummary, position_index: int = 0) -> go.Figure:
     """Eigenvalues of C_mu (log scale) and of the uncentered matrix, with the numerical rank and the rank
     bound n - 1 (n = tokens mu can draw) marked. Slide 7 shows the first position."""
@@ -76,6 +83,8 @@ def spectrum(summary: AnalysisSummary, position_index: int = 0) -> go.Figure:
 def position_spectrum(position: PositionSummary, position_index: int) -> go.Figure:
     """The C_mu spectrum of one position's summary (`position_index` counts from 0, shown from 1)."""
     spec = position.spectrum
+    if spec is None:
+        return message_figure(SPECTRUM_PENDING)
     eigenvalues = spec.eigenvalues
     if not eigenvalues or max(eigenvalues) <= 0:
         return message_figure(

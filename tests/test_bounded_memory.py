@@ -263,9 +263,12 @@ def test_a_small_forms_sum_of_squares_is_the_formed_tensors(family, tied, monkey
     from_terms = 0
     for table in (sums, pieces):
         for key in ("common", "mean_shift", "policy_grad"):
+            at_once = first_moments.square_sums(table.sums[key].entries)  # batched over tensors
             for name, entry in table.sums[key].entries.items():
                 assert isinstance(entry, Factored)
                 formed = float(entry.form().double().square().sum())
+                if at_once[name] is not None:
+                    assert math.isclose(at_once[name], formed, rel_tol=1e-9, abs_tol=1e-300), (key, name)
                 found = entry.square_sum()
                 if found is None:  # a whole array among its terms (a norm's or bias's gradient)
                     assert any(isinstance(t, first_moments.Whole | first_moments.Root) for t in entry.terms)

@@ -260,9 +260,8 @@ def test_a_responses_first_partial_summary_has_every_position(tiny_random):
     assert positions > 1 and partials
     first, kept = partials[0]
     assert len(first["positions"]) == positions and first["response"]["T"] == positions
-    # 49 directions per position (top-k 50) are too few for a first chunk: the first pass is the first
-    # moments and the head's closed form, and the Fisher's directions come position by position
-    assert kept == 0 and first["method"]["kept_share"] == 0
+    # the first pass takes the leading one of each position's 49 directions (top-k 50): a lower bound
+    assert 0 < kept < 1 and 0 < first["method"]["kept_share"] < 1
     assert first["concentration"] is None and first["top_coordinates"] is None
     # chi^2 and the mean shift along the response need no Fisher direction: complete in the first
     assert first["response"]["chi2"] == final["response"]["chi2"]

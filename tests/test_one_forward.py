@@ -12,8 +12,16 @@ import torch
 from backend.vocabulary import Method, SamplerKind
 from tests.tiny_models import BUDGET, FAMILIES, tiny_llama, tiny_model
 from workers.fisher.capture import UnsupportedArchitecture, capture_forward
+from workers.fisher.covariance import (
+    ROWS_PER_BLOCK,
+    head_row_norms,
+    leading_rows_covariance,
+    mean_logit_row,
+    mean_logit_rows,
+)
 from workers.fisher.directions import first_chunk_directions
 from workers.fisher.first_moments import Factored, HeadOuter, OuterRows, TableRows, Whole
+from workers.fisher.logit_map import LogitJacobian
 from workers.fisher.position import (
     PositionInputs,
     PositionWork,
@@ -184,3 +192,41 @@ def test_the_data_sampler_reads_one_forward_too():
         expected = position_moments(model, inputs, Method(), own, memory_budget_bytes=BUDGET, planned=planned)
         _assert_first_moments_equal(moments.kbar_mu, expected.kbar_mu, names)
         assert moments.fisher_zero and all(float(v) == 0 for v in moments.fisher.values())
+
+
+def test_several_positions_mean_logit_rows_read_at_once_are_each_positions_own():
+    """``mean_logit_rows``: jbar_q of several positions from one read of the head (blocks of rows made
+    float64 once), with and without a logit map, equal each position's ``mean_logit_row``."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = 2 * ROWS_PER_BLOCK + 5  # a last block shorter than the others
+    weight = torch.randn(vocab, 8, generator=generator)
+    scale = torch.rand(vocab, generator=generator, dtype=torch.float64)
+    jacobians = [LogitJacobian(weight, None), LogitJacobian(weight, scale), LogitJacobian(weight, None)]
+    qs = [torch.softmax(torch.randn(vocab, generator=generator, dtype=torch.float64), 0) for _ in jacobians]
+    qs[2][: vocab // 2] = 0.0  # a distribution that leaves rows out
+    rows = mean_logit_rows(jacobians, qs)
+    for jacobian, q, row in zip(jacobians, qs, rows, strict=True):
+        torch.testing.assert_close(row, mean_logit_row(jacobian, q), rtol=1e-12, atol=1e-14)
+
+
+def test_c_mu_over_its_most_probable_rows_is_below_c_mu_with_c_mus_trace():
+    """``leading_rows_covariance``: C_S over q's most probable rows, centered at q's whole mean, with and
+    without a logit map: its matrix, C_q - C_S positive semi-definite, and trace(C_q) from the rest's sums."""
+    generator = torch.Generator().manual_seed(1)
+    vocab, width, rows = 300, 6, 40
+    weight = torch.randn(vocab, width, generator=generator)
+    q = torch.softmax(3 * torch.randn(vocab, generator=generator, dtype=torch.float64), 0)
+    norms = head_row_norms(weight)
+    for scale in (None, torch.rand(vocab, generator=generator, dtype=torch.float64) + 0.5):
+        jacobian = LogitJacobian(weight, scale)
+        j = jacobian.rows(torch.arange(vocab))
+        mean = q @ j
+        whole = (j - mean).T @ (q[:, None] * (j - mean))
+        read = torch.topk(q, rows).indices
+        part = (j[read] - mean).T @ (q[read, None] * (j[read] - mean))
+        found = leading_rows_covariance(jacobian, q, rows, mean, norms)
+        assert not found.whole and found.rows_read == rows
+        rebuilt = (found.eigenvectors * found.eigenvalues) @ found.eigenvectors.T
+        torch.testing.assert_close(rebuilt, part, rtol=1e-10, atol=1e-13)
+        assert float(torch.linalg.eigvalsh(whole - part)[0]) >= -1e-12
+        assert found.trace == pytest.approx(float(torch.trace(whole)), rel=1e-10)

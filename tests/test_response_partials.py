@@ -9,13 +9,14 @@ force of that truncation: kappa from one backward per token, u = dh/dtheta recov
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
 from backend.vocabulary import Method, MethodName, SamplerKind
 from tests.tiny_models import BUDGET, tiny_llama
 from workers.fisher import response
-from workers.fisher.directions import first_chunk_directions
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
 from workers.fisher.sampler import Sampler, warped_distribution
@@ -29,14 +30,19 @@ RESPONSE = torch.tensor([9, 4, 2, 6])
 
 
 def _truncated_fisher(
-    model, ids: torch.Tensor, mu: torch.Tensor, keep: int
+    model, ids: torch.Tensor, mu: torch.Tensor, keep: int, rows: int | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
     """The Fisher at the last position of ``ids`` cut to C_mu's ``keep`` largest eigen-directions off
     the head (whose closed form is whole; the untied head is linear, so j_a = w_a), and every exact
-    moment there (``brute_force_moments``)."""
+    moment there (``brute_force_moments``). ``rows``: of C_mu's part over mu's ``rows`` most probable
+    tokens, centered at mu's whole mean."""
     logits, kappa = brute_force_logit_sensitivities(model, ids)
     head = model.get_output_embeddings().weight.detach()  # [V, d]
     covariance = head.T @ (torch.diag(mu) - torch.outer(mu, mu)) @ head
+    if rows is not None:
+        read = torch.topk(mu, rows).indices
+        centered = head[read] - mu @ head
+        covariance = centered.T @ (mu[read, None] * centered)
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
     lam, vectors = eigenvalues.flip(0)[:keep], eigenvectors.flip(1)[:, :keep]
     inverse = torch.linalg.pinv(head)  # [d, V]: u = dh/dtheta from kappa = W u
@@ -50,6 +56,15 @@ def _truncated_fisher(
         u = inverse @ k.reshape(k.shape[0], -1)  # [d, n]
         out[name] = (lam[:, None] * (vectors.T @ u).square()).sum(0).reshape(k.shape[1:])
     return out, moments
+
+
+def _response_positions(model) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Each response position, its context and its mu at T 0.7."""
+    full = torch.cat([PREFIX, RESPONSE])
+    for t in range(RESPONSE.numel()):
+        ids = full[: PREFIX.numel() + t]
+        logits = model(input_ids=ids[None]).logits[0, -1].detach()
+        yield t, ids, warped_distribution(logits, 0.7, None, 1.0)
 
 
 def _partials(model, sampler: Sampler, rho: bool = False) -> tuple[SequenceAnalysis, list[dict]]:
@@ -66,6 +81,7 @@ def _partials(model, sampler: Sampler, rho: bool = False) -> tuple[SequenceAnaly
                 "tensors": {t["name"]: t["totals"] for t in sequence.model_part["tensors"]},
                 "model_totals": sequence.model_part["totals"],
                 "mean_shift": {n: v.clone() for n, v in sequence.sums.iter_stat("mean_shift")},
+                "spectra": [r.spectrum for r in sequence.positions],
                 "accumulated": list(sequence.accumulated_shift_sq),
                 "sft": sequence.sft_gradient,
             }
@@ -84,12 +100,12 @@ def _partials(model, sampler: Sampler, rho: bool = False) -> tuple[SequenceAnaly
     return result, seen
 
 
-@pytest.mark.parametrize("chunk_share", [1.0, response.FIRST_PASS_CHUNK_SHARE])
+@pytest.mark.parametrize("chunk_share", [response.FIRST_PASS_CHUNK_SHARE, 0.05])
 def test_the_first_partial_is_every_positions_truncated_fisher_and_its_whole_first_moments(
     chunk_share, monkeypatch
 ):
-    """At a share of 1 the first pass takes each position's first chunk; at the default, 16 directions
-    are too few for a chunk of 8 to 13: the first pass is the first moments and the head's closed form."""
+    """At the default share the first pass takes each position's leading direction; at a share of 0.05,
+    16 directions are too few for one: the first pass is the first moments and the head's closed form."""
     monkeypatch.setattr(response, "FIRST_PASS_CHUNK_SHARE", chunk_share)
     model = tiny_llama(tied=False)
     sampler = Sampler(temperature=0.7)
@@ -105,8 +121,8 @@ def test_the_first_partial_is_every_positions_truncated_fisher_and_its_whole_fir
     for t in range(RESPONSE.numel()):
         ids = full[: PREFIX.numel() + t]
         logits = model(input_ids=ids[None]).logits[0, -1].detach()
-        keep = response.first_pass_directions(model.config.hidden_size, ids.numel())
-        assert keep == (first_chunk_directions(ids.numel()) if chunk_share == 1.0 else 0)
+        keep = response.first_pass_directions(model.config.hidden_size)
+        assert keep == (response.FIRST_PASS_SQUARE_DIRECTIONS if chunk_share > 0.05 else 0)
         assert keep < model.config.hidden_size  # a truncation, not the whole Fisher
         mu = warped_distribution(logits, 0.7, None, 1.0)
         position, moments = _truncated_fisher(model, ids, mu, keep)
@@ -152,12 +168,8 @@ def test_the_refining_round_is_every_positions_fisher_to_ninety_percent_of_its_t
     model = tiny_llama(tied=False)
     _, seen = _partials(model, Sampler(temperature=0.7))
     refined = seen[1]
-    full = torch.cat([PREFIX, RESPONSE])
     head = model.get_output_embeddings().weight.detach()
-    for t in range(RESPONSE.numel()):
-        ids = full[: PREFIX.numel() + t]
-        logits = model(input_ids=ids[None]).logits[0, -1].detach()
-        mu = warped_distribution(logits, 0.7, None, 1.0)
+    for t, ids, mu in _response_positions(model):
         eigenvalues = torch.linalg.eigvalsh(head.T @ (torch.diag(mu) - torch.outer(mu, mu)) @ head).flip(0)
         shares = torch.cumsum(eigenvalues, 0) / eigenvalues.sum()
         keep = int((shares >= response.REFINED_SHARE).nonzero()[0, 0]) + 1
@@ -296,3 +308,37 @@ def test_a_partials_tied_cross_term_is_that_of_the_directions_kept():
         assert found.directions < expected.directions  # no backward for the probes
         for name, value in expected.fisher.items():
             torch.testing.assert_close(found.fisher[name], value, rtol=1e-10, atol=1e-13)
+
+
+def test_a_first_pass_that_reads_c_mu_over_its_most_probable_rows_gives_that_parts_lower_bound(monkeypatch):
+    """Where mu draws more tokens than the first pass reads, each position's Fisher in the first partial
+    comes from the leading direction of C_S, C_mu's part over mu's most probable rows (centered at mu's
+    whole mean): the float64 brute force of that truncation, below the exact Fisher parameter by
+    parameter, its kept share one of C_mu's whole trace and no spectrum until the refining round; the
+    exact result is the analysis's without partial results (to rounding)."""
+    monkeypatch.setattr(response, "FIRST_PASS_GRAM_ROWS", 6)
+    model = tiny_llama(tied=False)
+    sampler = Sampler(temperature=0.7)
+    result, seen = _partials(model, sampler)
+    first, refined = seen[0], seen[1]
+    assert all(spectrum is None for spectrum in first["spectra"])
+    assert all(spectrum is not None for spectrum in refined["spectra"])
+    head = model.get_output_embeddings().weight.detach()
+    for t, ids, mu in _response_positions(model):
+        keep = response.first_pass_directions(model.config.hidden_size)
+        assert keep == 1
+        position, moments = _truncated_fisher(model, ids, mu, keep, rows=6)
+        assert first["positions"][t] == pytest.approx(
+            sum(float(v.sum()) for v in position.values()), rel=1e-9
+        )
+        for name, value in position.items():  # C_S's leading direction is below C_mu
+            assert bool((value <= moments["fisher"][name] * (1 + 1e-9) + 1e-15).all()), name
+        read = torch.topk(mu, 6).indices
+        centered = head[read] - mu @ head
+        part = torch.linalg.eigvalsh(centered.T @ (mu[read, None] * centered))
+        trace = float(torch.trace(head.T @ (torch.diag(mu) - torch.outer(mu, mu)) @ head))
+        assert first["kept"][t] == pytest.approx(float(part[-1]) / trace, rel=1e-9)
+    alone = analyze_sequence(model, PREFIX, RESPONSE, sampler, Method(), memory_budget_bytes=BUDGET)
+    for name, value in alone.sums.iter_stat("fisher"):  # the round's plans, not the first pass's
+        torch.testing.assert_close(result.sums.stat("fisher", name), value, rtol=1e-12, atol=1e-15)
+    assert [r.moments_totals for r in alone.positions] == [r.moments_totals for r in result.positions]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from backend.summary import AnalysisSummary
-from frontend.explorer import spectrum
+from frontend.explorer import SPECTRUM_PENDING, spectrum
 from frontend.slides.common import first_position, num
 
 TITLE = "7. Hidden layers: few directions, not few coordinates"
@@ -24,6 +24,8 @@ def figure(summary: AnalysisSummary, centering: str) -> go.Figure:
 
 def reading(summary: AnalysisSummary, centering: str) -> str:
     spec = first_position(summary).spectrum
+    if spec is None:
+        return SPECTRUM_PENDING
     d_model = summary.model.d_model
     top_centered, top_uncentered = spec.eigenvalues[0], spec.uncentered_eigenvalues[0]
     return (

@@ -422,6 +422,66 @@ def square_sum(terms: tuple[Term, ...]) -> float | None:
     return max(total, 0.0)  # rounding below an exact zero
 
 
+def square_sums(entries: Mapping[str, Factored]) -> dict[str, float | None]:
+    """``Factored.square_sum`` of many tensors at once: those whose terms are one matrix use's (every
+    linear weight: its features and its own side, the deltas added in float64) in one batched Gram
+    product per shape, small tensors of one whole array (a norm's gradient) in one sum per shape. Why:
+    per tensor the products are a few r x r matrices, and issuing them a tensor at a time (272 tensors,
+    three or four stats per position) was most of a response's first pass square totals."""
+    found: dict[str, float | None] = {}
+    uses: dict[tuple, list[tuple[str, torch.Tensor, torch.Tensor, float]]] = {}
+    wholes: dict[tuple, list[tuple[str, torch.Tensor, float]]] = {}
+    for name, entry in entries.items():
+        terms = entry.terms
+        use = _one_use(terms)
+        if use is not None:
+            feature, own, scale = use
+            uses.setdefault((feature.shape, feature.dtype, own.shape, own.dtype, feature.device), []).append(
+                (name, feature, own, scale)
+            )
+        elif len(terms) == 1 and isinstance(terms[0], Whole) and terms[0].value.numel() <= SMALL_WHOLE_VALUES:
+            value, scale = terms[0].value, terms[0].scale
+            wholes.setdefault((value.shape, value.dtype, value.device), []).append((name, value, scale))
+        else:
+            found[name] = entry.square_sum()
+    for group in uses.values():
+        features = torch.stack([feature for _, feature, _, _ in group]).double()
+        scales = torch.tensor([scale for *_, scale in group], dtype=torch.float64, device=features.device)
+        owns = torch.stack([own for _, _, own, _ in group]).double() * scales[:, None, None]
+        grams = features @ features.transpose(1, 2) * (owns @ owns.transpose(1, 2))
+        for (name, *_), total in zip(group, grams.sum((1, 2)).tolist(), strict=True):
+            found[name] = max(total, 0.0)  # rounding below an exact zero
+    for values in wholes.values():
+        stacked = torch.stack([value for _, value, _ in values]).double().flatten(1)
+        scales = torch.tensor([scale for *_, scale in values], dtype=torch.float64, device=stacked.device)
+        totals = stacked.square().sum(1) * scales.square()
+        for (name, *_), total in zip(values, totals.tolist(), strict=True):
+            found[name] = total
+    return found
+
+
+def _one_use(terms: tuple[Term, ...]) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """(features [r, i], own side [r, o], its scale) of terms that all read one use's recorded features
+    on the whole tensor (``_shared_side``), with as many rows; several terms' own sides are added in
+    float64 (``_all_sides``). None otherwise."""
+    if not terms or not all(isinstance(t, OuterRows) and t.index is None for t in terms):
+        return None
+    first = terms[0]
+    assert isinstance(first, OuterRows)
+    if len(terms) == 1:
+        feature, own, scale = first.feature, first.delta, first.scale
+    elif len({_shared_side(t) for t in terms}) == 1:
+        sides = _all_sides(terms)
+        assert sides is not None and len(sides) == 1
+        (side,) = sides
+        assert side.left is not None  # a use's, never a lookup's
+        feature, own = (side.left, side.right) if first.transposed else (side.right, side.left)
+        scale = 1.0
+    else:
+        return None
+    return (feature, own, scale) if own.shape[0] == feature.shape[0] else None
+
+
 @dataclass(frozen=True)
 class Piece:
     """A block of a parameter tensor's rows read as a tensor of its own (``row_pieces``), or all of it."""

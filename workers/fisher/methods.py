@@ -83,7 +83,8 @@ def second_moment_plan(
         target = torch.tensor(method.fraction, dtype=share.dtype, device=share.device)
         keep = int(torch.searchsorted(share, target).item()) + 1
         keep = min(keep, rank)
-    total = float(lam.sum()) if rank else 0.0
+    # of C_q's trace, where the decomposition is of the part its most probable rows make
+    total = (float(lam.sum()) if rank else 0.0) + covariance.rest_trace
     kept_share = float(lam[:keep].sum()) / total if total > 0 else 1.0
     # rows q does not draw have no cross term (q_c = 0)
     probes = {c: q[c] * (jacobian.rows(c) - covariance.mean_row) for c in prefix_tokens if q[c] > 0}

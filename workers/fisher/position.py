@@ -25,7 +25,12 @@ from workers.fisher.capture import (
     model_part,
     module_weight,
 )
-from workers.fisher.covariance import OutputCovariance, mean_logit_row, output_covariance
+from workers.fisher.covariance import (
+    OutputCovariance,
+    leading_rows_covariance,
+    mean_logit_row,
+    output_covariance,
+)
 from workers.fisher.directions import (
     ChunkCallback,
     DirectionResults,
@@ -245,14 +250,21 @@ class FisherPlans:
     cov_mu: OutputCovariance
     p_row: torch.Tensor
     plans: dict[str, SecondMomentPlan]
+    # each covariance read every row of its q (``OutputCovariance.whole``): else the plans are a first
+    # pass's lower bound, and the exact pass makes its own
+    whole: bool = True
 
     def leading(self, count: int) -> FisherPlans:
         """Each Fisher's plan cut to its first ``count`` directions (``SecondMomentPlan.leading``)."""
-        return FisherPlans(self.cov_mu, self.p_row, {k: p.leading(count) for k, p in self.plans.items()})
+        plans = {k: p.leading(count) for k, p in self.plans.items()}
+        return FisherPlans(self.cov_mu, self.p_row, plans, self.whole)
 
     @property
     def directions(self) -> int:
-        """The square directions of the Fisher under mu."""
+        """The square directions of the Fisher under mu (of a first pass's lower bound, the most that C_mu
+        can have: min(n - 1, d))."""
+        if not self.whole:
+            return min(self.cov_mu.support - 1, int(self.cov_mu.eigenvalues.numel()))
         return int(self.plans["fisher"].vectors.shape[0])
 
     def nbytes(self) -> int:
@@ -264,11 +276,33 @@ class FisherPlans:
 
 
 def fisher_plans(
-    model: nn.Module, inputs: PositionInputs, capture: CapturedForward, method: Method
+    model: nn.Module,
+    inputs: PositionInputs,
+    capture: CapturedForward,
+    method: Method,
+    known: KnownRows | None = None,
 ) -> FisherPlans:
-    """The plans ``position_moments`` makes at the last position of ``capture`` (to make them once)."""
-    jacobian = logit_jacobian(capture, capture.position, head_rows(model))
-    return _fisher_plans(HeadLayout.of(model), inputs, capture, jacobian, method)
+    """The plans ``position_moments`` makes at the last position of ``capture`` (to make them once);
+    ``known``: what a response's first pass read of the head for several positions at once."""
+    jacobian = position_jacobian(model, capture)
+    return _fisher_plans(HeadLayout.of(model), inputs, capture, jacobian, method, known)
+
+
+def position_jacobian(model: nn.Module, capture: CapturedForward) -> LogitJacobian:
+    """The logit Jacobian at the last position of ``capture``."""
+    return logit_jacobian(capture, capture.position, head_rows(model))
+
+
+@dataclass
+class KnownRows:
+    """What a response's first pass gives a position's plans: jbar under mu and under p where read for
+    several positions at once (``mean_logit_rows``; None: not read), and the number of most probable
+    rows to read of a C_q whose q draws more (``leading_rows_covariance``; ``row_norms``: |w_a|^2)."""
+
+    mu_row: torch.Tensor | None
+    p_row: torch.Tensor | None
+    rows: int
+    row_norms: torch.Tensor
 
 
 def _fisher_plans(
@@ -277,19 +311,29 @@ def _fisher_plans(
     capture: CapturedForward,
     jacobian: LogitJacobian,
     method: Method,
+    known: KnownRows | None = None,
 ) -> FisherPlans:
     """C_p itself is formed only for the Fisher under p: its V d^2 Gram product costs a second per
     position on SmolLM2."""
     table_rows = looked_up_rows(capture, layout.head_name) if layout.tied else []
-    cov_mu = output_covariance(jacobian, inputs.mu)
+
+    def covariance(q: torch.Tensor, mean_row: torch.Tensor | None) -> OutputCovariance:
+        if known is not None and mean_row is not None and int((q > 0).sum()) > known.rows:
+            return leading_rows_covariance(jacobian, q, known.rows, mean_row, known.row_norms)
+        return output_covariance(jacobian, q)
+
+    cov_mu = covariance(inputs.mu, None if known is None else known.mu_row)
     plans = {"fisher": second_moment_plan(inputs.mu, cov_mu, jacobian, table_rows, method)}
     if inputs.on_policy:
-        return FisherPlans(cov_mu, cov_mu.mean_row, plans)
+        return FisherPlans(cov_mu, cov_mu.mean_row, plans, cov_mu.whole)
+    p_row = None if known is None else known.p_row
     if not inputs.fisher_under_p:
-        return FisherPlans(cov_mu, mean_logit_row(jacobian, inputs.p), plans)
-    cov_p = output_covariance(jacobian, inputs.p)
+        return FisherPlans(
+            cov_mu, mean_logit_row(jacobian, inputs.p) if p_row is None else p_row, plans, cov_mu.whole
+        )
+    cov_p = covariance(inputs.p, p_row)
     plans["fisher_p"] = second_moment_plan(inputs.p, cov_p, jacobian, table_rows, method)
-    return FisherPlans(cov_mu, cov_p.mean_row, plans)
+    return FisherPlans(cov_mu, cov_p.mean_row, plans, cov_mu.whole and cov_p.whole)
 
 
 def _reward_direction(

@@ -158,14 +158,18 @@ def position_summary(record: PositionRecord, index: int, decode: Decode, reward:
     }
 
 
-def _spectrum(record: PositionRecord) -> dict:
-    lam = record.cov_eigenvalues.clamp_min(0)
+def _spectrum(record: PositionRecord) -> dict | None:
+    """C_mu's spectrum; None in a response's first partial where only its most probable rows were read."""
+    spectrum = record.spectrum
+    if spectrum is None:
+        return None
+    lam = spectrum.eigenvalues.clamp_min(0)
     return {
         "eigenvalues": lam.tolist(),
         "trace": float(lam.sum()),
-        "numerical_rank": record.numerical_rank,
-        "effective_rank": record.effective_rank,
-        "participation_ratio": record.participation_ratio,
+        "numerical_rank": spectrum.numerical_rank,
+        "effective_rank": spectrum.effective_rank,
+        "participation_ratio": spectrum.participation_ratio,
         "rank_bound": max(record.support - 1, 0),
-        "uncentered_eigenvalues": record.uncentered_eigenvalues.clamp_min(0).tolist(),
+        "uncentered_eigenvalues": spectrum.uncentered_eigenvalues.clamp_min(0).tolist(),
     }

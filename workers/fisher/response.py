@@ -17,16 +17,18 @@ from torch import nn
 
 from backend.vocabulary import Method, takes_a_first_pass
 from workers.fisher.capture import CapturedForward, capture_forward
-from workers.fisher.directions import first_chunk_directions
+from workers.fisher.covariance import OutputCovariance, head_row_norms, mean_logit_rows
 from workers.fisher.model_totals import TotalsGroups
 from workers.fisher.position import (
     FisherPlans,
     HeadLayout,
+    KnownRows,
     PartialCallback,
     PositionInputs,
     PositionMoments,
     PositionWork,
     fisher_plans,
+    position_jacobian,
     position_moments,
     positions_moments,
 )
@@ -49,17 +51,38 @@ class PositionRecord:
     h: torch.Tensor  # [d]
     head_scale: torch.Tensor  # [V] float64 g'(l)
     moments_totals: dict[str, float]
-    cov_eigenvalues: torch.Tensor
-    uncentered_eigenvalues: torch.Tensor
-    numerical_rank: int
-    effective_rank: float
-    participation_ratio: float
+    # C_mu's spectrum: None where only its most probable rows were read (a response's first pass)
+    spectrum: CovarianceSpectrum | None
+    trace: float  # trace(C_mu)
     support: int
     kept_share: float
     missing_estimate: float
     directions: int
     reward_mean: float | None
     reward_std: float | None
+
+
+@dataclass
+class CovarianceSpectrum:
+    """C_mu's eigenvalues, centered and not, and its ranks (``OutputCovariance``)."""
+
+    eigenvalues: torch.Tensor
+    uncentered_eigenvalues: torch.Tensor
+    numerical_rank: int
+    effective_rank: float
+    participation_ratio: float
+
+    @staticmethod
+    def of(cov: OutputCovariance) -> CovarianceSpectrum | None:
+        if not cov.whole:
+            return None
+        return CovarianceSpectrum(
+            eigenvalues=cov.eigenvalues,
+            uncentered_eigenvalues=cov.uncentered_eigenvalues(),
+            numerical_rank=cov.numerical_rank(),
+            effective_rank=cov.effective_rank(),
+            participation_ratio=cov.participation_ratio(),
+        )
 
 
 @dataclass
@@ -276,16 +299,21 @@ def analyze_sequence(
     return result
 
 
-# a response's first pass takes the first chunk of a position's Fisher directions only where the chunk
-# is at most this share of them (the exact pass repeats it); where a position has few directions (a
-# top-k sampler's k - 1), the first pass is its first moments and the head's closed form alone
+# a response's first pass takes this many of a position's leading Fisher directions. Each goes back over
+# the whole response's rows, whatever the position, so a prefix's first chunk (sized to its own context:
+# 7 directions at 11 tokens) would cost more than everything else the pass does (SmolLM2, 16 tokens: 2
+# directions gave the first partial in 7.4 s under top-k 50 with 65% of the trace, the prefix's chunk in
+# 8.4 s with 47%; on the policy 9.5 s with 48% against 13.6 s with 61%)
+FIRST_PASS_SQUARE_DIRECTIONS = 1
+# none where they are more than this share of a position's directions (a top-k sampler's k - 1 when k is
+# small): the first pass is then its first moments and the head's closed form alone
 FIRST_PASS_CHUNK_SHARE = 0.1
 
 
-def first_pass_directions(plan_directions: int, context_length: int) -> int:
-    """Square directions a response's first pass takes at a position: its first chunk, or none."""
-    chunk = first_chunk_directions(context_length)
-    return chunk if chunk <= FIRST_PASS_CHUNK_SHARE * plan_directions else 0
+def first_pass_directions(plan_directions: int) -> int:
+    """Square directions a response's first pass takes at a position with ``plan_directions``."""
+    keep = FIRST_PASS_SQUARE_DIRECTIONS
+    return keep if keep <= FIRST_PASS_CHUNK_SHARE * plan_directions else 0
 
 
 def _worth_a_first_pass(sampler: Sampler, method: Method, positions: int) -> bool:
@@ -294,6 +322,13 @@ def _worth_a_first_pass(sampler: Sampler, method: Method, positions: int) -> boo
     return current_shard() is None and takes_a_first_pass(method, sampler, positions)
 
 
+# positions whose jbar one read of the head makes (``_FirstPass._known_rows``): [2n, V] float64
+# coefficients, 78 MB at Qwen3's vocabulary
+MEAN_ROWS_AT_ONCE = 32
+# a response's first pass reads C_q over its most probable rows where q draws more tokens
+# (``leading_rows_covariance``): the leading directions of that lower bound, and C_q's spectrum with the
+# refining round. On SmolLM2 its V d^2 Gram product was 5.4 s of a 16-token first pass on the policy
+FIRST_PASS_GRAM_ROWS = 2048
 # the share of every position's trace(C_mu) a response's refining round reaches (``_FirstPass.refine``)
 REFINED_SHARE = 0.9
 # a forward of a context costs about as much as this many directions back over it (SmolLM2, 2-core CPU:
@@ -305,8 +340,8 @@ FORWARD_DIRECTIONS = 8
 @dataclass
 class _FirstPass:
     """A response's first pass: every position with its first moments, the head's closed forms and the
-    first chunk of its Fisher's directions (the largest eigenvalues of C_mu; none where that chunk would
-    be more than a tenth of them, ``first_pass_directions``). Its snapshot is a partial result that
+    leading directions of its Fisher (the largest eigenvalues of C_mu, ``first_pass_directions``; none
+    where they would be more than a tenth of them). Its snapshot is a partial result that
     covers every position: first moments, mean shift, policy gradient, chi^2 and the SFT identity
     complete, each Fisher a lower bound (but on a tied table's context rows) with its position's kept
     share. A refining round (``refine``) then takes every position to ``REFINED_SHARE`` of its trace.
@@ -322,8 +357,8 @@ class _FirstPass:
 
     Why a pass of its own rather than positions in rounds: the exact pass must see each position's
     whole Fisher at once (the bound and the kept roots take its square root), and keeping a paused
-    position's sums would hold a parameter-sized array per position. What it costs: its first chunk
-    again, ``first_chunk_directions`` per position (4 of ~576 at 20 tokens on SmolLM2), and the refining
+    position's sums would hold a parameter-sized array per position. What it costs: its leading directions
+    again, ``FIRST_PASS_SQUARE_DIRECTIONS`` per position (2 of ~576 on SmolLM2), and the refining
     round's directions. Each position's plans (C_mu's V d^2 Gram product and its eigendecomposition) are
     made once for all passes.
     """
@@ -339,6 +374,8 @@ class _FirstPass:
     fisher_under_p: bool
     memory_budget_bytes: int
     per_tensor: list[dict[str, dict[str, float]]] = field(default_factory=list)  # each position's totals
+    row_norms: torch.Tensor | None = None  # |w_a|^2 of the head's rows, read once
+    kept_bytes: int = 0  # what the kept plans hold
 
     @classmethod
     def run(
@@ -376,19 +413,18 @@ class _FirstPass:
         forward, analysis, budget = self.forward, self.analysis, self.memory_budget_bytes
         assert self.whole is not None
         whole = self.whole
-        kept_bytes = 0
 
         def works() -> Iterator[PositionWork]:
-            nonlocal kept_bytes
+            known: list[KnownRows] = []
             for t in range(forward.positions):
                 inputs = self._inputs(t)
                 capture = whole.at(forward.first + t)
-                planned = fisher_plans(forward.model, inputs, capture, self.method)
-                # kept for the exact pass within half the workspace (a 64-token response on a 2048-wide
-                # model would hold 4 GB); the others are made again
-                kept_bytes += planned.nbytes()
-                self.plans.append(planned if kept_bytes <= budget // 2 else None)
-                leading = planned.leading(first_pass_directions(planned.directions, capture.position + 1))
+                if not known:
+                    known = self._known_rows(t)
+                planned = fisher_plans(forward.model, inputs, capture, self.method, known.pop(0))
+                self.plans.append(None)
+                self._keep_plans(t, planned)
+                leading = planned.leading(first_pass_directions(planned.directions))
                 # of the Fisher its totals alone where no bound needs it per parameter
                 yield PositionWork.of(
                     forward.model, inputs, self.method, capture, leading, self.reward is None
@@ -406,6 +442,49 @@ class _FirstPass:
             del work, moments
             report("first pass", (t + 1) / forward.positions)
         self._model_part()
+
+    def _known_rows(self, start: int) -> list[KnownRows]:
+        """What positions ``start`` on (``MEAN_ROWS_AT_ONCE`` of them) read of the head at once: jbar
+        under each full-support distribution (``mean_logit_rows``), for C_q over its most probable
+        ``FIRST_PASS_GRAM_ROWS`` (``leading_rows_covariance``) and, off the policy, kbar_p."""
+        forward, whole = self.forward, self.whole
+        assert whole is not None
+        positions = range(start, min(start + MEAN_ROWS_AT_ONCE, forward.positions))
+        jacobians = [position_jacobian(forward.model, whole.at(forward.first + t)) for t in positions]
+        if self.row_norms is None:
+            self.row_norms = head_row_norms(jacobians[0].weight)
+        wanted: list[tuple[int, str, torch.Tensor]] = []  # (position, which, q)
+        for k, t in enumerate(positions):
+            p, mu = forward.distributions(t)
+            if int((mu > 0).sum()) > FIRST_PASS_GRAM_ROWS:
+                wanted.append((k, "mu", mu))
+            if not forward.sampler.is_on_policy:
+                wanted.append((k, "p", p))
+        read = (
+            mean_logit_rows([jacobians[k] for k, _, _ in wanted], [q for *_, q in wanted]) if wanted else None
+        )
+        rows: list[dict[str, torch.Tensor]] = [{} for _ in positions]
+        for i, (k, which, _) in enumerate(wanted):
+            assert read is not None
+            rows[k][which] = read[i]
+        on_policy = forward.sampler.is_on_policy
+        return [
+            KnownRows(
+                found.get("mu"),
+                found.get("mu") if on_policy else found.get("p"),
+                FIRST_PASS_GRAM_ROWS,
+                self.row_norms,
+            )
+            for found in rows
+        ]
+
+    def _keep_plans(self, t: int, planned: FisherPlans) -> None:
+        """Keep position t's plans for later passes where whole (not a first pass's lower bound) and within
+        half the workspace (a 64-token response on a 2048-wide model would hold 4 GB); the others are
+        made again."""
+        if planned.whole and self.kept_bytes + planned.nbytes() <= self.memory_budget_bytes // 2:
+            self.kept_bytes += planned.nbytes()
+            self.plans[t] = planned
 
     def _model_part(self) -> None:
         summed: dict[str, dict[str, float]] = {}  # key -> tensor -> the positions' totals
@@ -439,7 +518,10 @@ class _FirstPass:
             for t in todo:
                 inputs = self._inputs(t)
                 capture = whole.at(forward.first + t)
-                planned = self.plans[t] or fisher_plans(forward.model, inputs, capture, self.method)
+                planned = self.plans[t]
+                if planned is None:  # a lower bound, or beyond what the workspace keeps
+                    planned = fisher_plans(forward.model, inputs, capture, self.method)
+                    self._keep_plans(t, planned)
                 leading = planned.leading(planned.plans["fisher"].directions_reaching(REFINED_SHARE))
                 rows = capture.position + 1
                 if leading.directions * (whole.length - rows) > FORWARD_DIRECTIONS * whole.length:
@@ -477,7 +559,7 @@ class _FirstPass:
 
     def kept_share(self) -> float:
         """The share of the positions' summed trace(C_mu) that their directions so far carry."""
-        traces = [(r.kept_share, float(r.cov_eigenvalues.sum())) for r in self.analysis.positions]
+        traces = [(r.kept_share, r.trace) for r in self.analysis.positions]
         total = sum(trace for _, trace in traces)
         return sum(kept * trace for kept, trace in traces) / total if total > 0 else 1.0
 
@@ -560,11 +642,8 @@ def _record(
         h=m.hidden.to(torch.float64),
         head_scale=m.head_scale,
         moments_totals=_position_totals(per_tensor),
-        cov_eigenvalues=cov.eigenvalues,
-        uncentered_eigenvalues=cov.uncentered_eigenvalues(),
-        numerical_rank=cov.numerical_rank(),
-        effective_rank=cov.effective_rank(),
-        participation_ratio=cov.participation_ratio(),
+        spectrum=CovarianceSpectrum.of(cov),
+        trace=cov.trace,
         support=cov.support,
         kept_share=m.plan_mu.kept_share,
         missing_estimate=m.plan_mu.missing_estimate,

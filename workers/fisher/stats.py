@@ -29,6 +29,7 @@ from workers.fisher.first_moments import (
     Whole,
     in_piece,
     pieces_of,
+    square_sums,
 )
 from workers.fisher.position import PositionMoments
 from workers.fisher.terms import StatTerms
@@ -61,10 +62,11 @@ def square_sums_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, float]:
     of rows at a time (a ``FirstMoment`` forms each as it is read: all at once would be
     parameter-sized)."""
     whole = tensors.entries if isinstance(tensors, FirstMoment) else dict(tensors)
+    small = square_sums({name: entry for name, entry in whole.items() if isinstance(entry, Factored)})
     sums: dict[str, float] = {}
     rest: dict[str, Factored | torch.Tensor] = {}
     for name, entry in whole.items():
-        found = entry.square_sum() if isinstance(entry, Factored) else None
+        found = small.get(name)
         if found is None:
             rest[name] = entry
         else:
