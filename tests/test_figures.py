@@ -197,6 +197,16 @@ def test_slide_7_draws_the_explorers_spectrum_at_the_first_position(summary):
     assert slide.to_plotly_json() == explorer.spectrum(typed(summary), 0).to_plotly_json()
 
 
+def test_a_first_partials_pending_spectrum_is_said_not_drawn(response_summary):
+    """A response's first partial reads C_mu over mu's most probable tokens: no spectrum yet, which the
+    explorer's figure and slide 7 say."""
+    positions = [{**position, "spectrum": None} for position in response_summary["positions"]]
+    pending = typed({**response_summary, "positions": positions})
+    for figure in (explorer.spectrum(pending, 1), s07_hidden_directions.figure(pending, "on")):
+        assert figure.data == () and "next partial result" in figure.layout.annotations[0].text
+    assert s07_hidden_directions.reading(pending, "on") == explorer.SPECTRUM_PENDING
+
+
 def test_response_figures_say_what_is_missing_without_a_continuation(response_summary):
     summary = response_summary
     prefix_only = typed({**summary, "response": None})

@@ -422,12 +422,21 @@ def square_sum(terms: tuple[Term, ...]) -> float | None:
     return max(total, 0.0)  # rounding below an exact zero
 
 
-def square_sums(entries: Mapping[str, Factored]) -> dict[str, float | None]:
+FeatureGrams = dict[tuple, torch.Tensor]
+
+
+def square_sums(
+    entries: Mapping[str, Factored], feature_grams: FeatureGrams | None = None
+) -> dict[str, float | None]:
     """``Factored.square_sum`` of many tensors at once: those whose terms are one matrix use's (every
     linear weight: its features and its own side, the deltas added in float64) in one batched Gram
     product per shape, small tensors of one whole array (a norm's gradient) in one sum per shape. Why:
     per tensor the products are a few r x r matrices, and issuing them a tensor at a time (272 tensors,
-    three or four stats per position) was most of a response's first pass square totals."""
+    three or four stats per position) was most of a response's first pass square totals.
+
+    ``feature_grams``: the features' Gram matrices X X^T, made once per recorded array (q, k and v read
+    one), for calls on first moments of one forward while its records live (keyed by their memory)."""
+    grams: FeatureGrams = {} if feature_grams is None else feature_grams
     found: dict[str, float | None] = {}
     uses: dict[tuple, list[tuple[str, torch.Tensor, torch.Tensor, float]]] = {}
     wholes: dict[tuple, list[tuple[str, torch.Tensor, float]]] = {}
@@ -444,12 +453,13 @@ def square_sums(entries: Mapping[str, Factored]) -> dict[str, float | None]:
             wholes.setdefault((value.shape, value.dtype, value.device), []).append((name, value, scale))
         else:
             found[name] = entry.square_sum()
+    _add_feature_grams([feature for group in uses.values() for _, feature, _, _ in group], grams)
     for group in uses.values():
-        features = torch.stack([feature for _, feature, _, _ in group]).double()
+        features = torch.stack([grams[_feature_key(feature)] for _, feature, _, _ in group])
         scales = torch.tensor([scale for *_, scale in group], dtype=torch.float64, device=features.device)
         owns = torch.stack([own for _, _, own, _ in group]).double() * scales[:, None, None]
-        grams = features @ features.transpose(1, 2) * (owns @ owns.transpose(1, 2))
-        for (name, *_), total in zip(group, grams.sum((1, 2)).tolist(), strict=True):
+        products = features * (owns @ owns.transpose(1, 2))
+        for (name, *_), total in zip(group, products.sum((1, 2)).tolist(), strict=True):
             found[name] = max(total, 0.0)  # rounding below an exact zero
     for values in wholes.values():
         stacked = torch.stack([value for _, value, _ in values]).double().flatten(1)
@@ -460,10 +470,31 @@ def square_sums(entries: Mapping[str, Factored]) -> dict[str, float | None]:
     return found
 
 
+def _feature_key(feature: torch.Tensor) -> tuple:
+    """The memory a feature array is read from (``_shared_side``): arrays that share it are equal."""
+    return (feature.device, feature.data_ptr(), feature.stride(), feature.shape, feature.dtype)
+
+
+def _add_feature_grams(features: list[torch.Tensor], grams: FeatureGrams) -> None:
+    """X X^T in float64 of each feature array ``grams`` lacks, those of one shape in one product."""
+    missing: dict[tuple, torch.Tensor] = {}
+    for feature in features:
+        key = _feature_key(feature)
+        if key not in grams:
+            missing[key] = feature
+    by_shape: dict[tuple, list[tuple[tuple, torch.Tensor]]] = {}
+    for key, feature in missing.items():
+        by_shape.setdefault((feature.shape, feature.dtype, feature.device), []).append((key, feature))
+    for group in by_shape.values():
+        stacked = torch.stack([feature for _, feature in group]).double()
+        for (key, _), gram in zip(group, stacked @ stacked.transpose(1, 2), strict=True):
+            grams[key] = gram
+
+
 def _one_use(terms: tuple[Term, ...]) -> tuple[torch.Tensor, torch.Tensor, float] | None:
     """(features [r, i], own side [r, o], its scale) of terms that all read one use's recorded features
     on the whole tensor (``_shared_side``), with as many rows; several terms' own sides are added in
-    float64 (``_all_sides``). None otherwise."""
+    float64 (as ``_all_sides`` does). None otherwise."""
     if not terms or not all(isinstance(t, OuterRows) and t.index is None for t in terms):
         return None
     first = terms[0]
@@ -471,11 +502,13 @@ def _one_use(terms: tuple[Term, ...]) -> tuple[torch.Tensor, torch.Tensor, float
     if len(terms) == 1:
         feature, own, scale = first.feature, first.delta, first.scale
     elif len({_shared_side(t) for t in terms}) == 1:
-        sides = _all_sides(terms)
-        assert sides is not None and len(sides) == 1
-        (side,) = sides
-        assert side.left is not None  # a use's, never a lookup's
-        feature, own = (side.left, side.right) if first.transposed else (side.right, side.left)
+        # the deltas added in float64 (exact for a mean shift's two float32 terms), the shorter padded
+        uses = [t for t in terms if isinstance(t, OuterRows)]
+        own = _times(uses[0].delta.double(), uses[0].scale)
+        for term in uses[1:]:
+            own = _padded_sum(own, _times(term.delta.double(), term.scale))
+        # the recorded array itself, not a float64 copy: its memory is the key of its Gram matrix
+        feature = max((t.feature for t in uses), key=lambda f: f.shape[0])
         scale = 1.0
     else:
         return None

@@ -288,9 +288,11 @@ def fisher_plans(
     return _fisher_plans(HeadLayout.of(model), inputs, capture, jacobian, method, known)
 
 
-def position_jacobian(model: nn.Module, capture: CapturedForward) -> LogitJacobian:
-    """The logit Jacobian at the last position of ``capture``."""
-    return logit_jacobian(capture, capture.position, head_rows(model))
+def position_jacobian(
+    model: nn.Module, capture: CapturedForward, position: int | None = None
+) -> LogitJacobian:
+    """The logit Jacobian at ``position`` of ``capture`` (its last, where not given)."""
+    return logit_jacobian(capture, capture.position if position is None else position, head_rows(model))
 
 
 @dataclass

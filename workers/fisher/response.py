@@ -18,6 +18,7 @@ from torch import nn
 from backend.vocabulary import Method, takes_a_first_pass
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.covariance import OutputCovariance, head_row_norms, mean_logit_rows
+from workers.fisher.first_moments import FeatureGrams
 from workers.fisher.model_totals import TotalsGroups
 from workers.fisher.position import (
     FisherPlans,
@@ -107,15 +108,16 @@ def tensor_totals(m: PositionMoments, on_policy: bool) -> dict[str, dict[str, fl
     """A position's totals per tensor, by key: its Fisher, the squares of its first moments (the mean
     shift, the common component, kbar under mu off the policy and, with a reward, the policy gradient),
     and the bound. The squares are summed from the first moments' small forms (``square_sums_of``)."""
+    grams: FeatureGrams = {}  # the position's first moments read one forward's features: made once
     totals = {
         "fisher": _fisher_totals(m),
-        "common_sq": square_sums_of(m.kbar_p),
+        "common_sq": square_sums_of(m.kbar_p, grams),
     }
     if not on_policy:
-        totals["mean_shift_sq"] = square_sums_of(m.kbar_mu.minus(m.kbar_p))
-        totals["kbar_mu_sq"] = square_sums_of(m.kbar_mu)
+        totals["mean_shift_sq"] = square_sums_of(m.kbar_mu.minus(m.kbar_p), grams)
+        totals["kbar_mu_sq"] = square_sums_of(m.kbar_mu, grams)
     if m.policy_grad is not None and m.reward_std is not None:
-        totals["policy_grad_sq"] = square_sums_of(m.policy_grad)
+        totals["policy_grad_sq"] = square_sums_of(m.policy_grad, grams)
         totals["bound"] = {
             name: m.reward_std * float(v.clamp_min(0).sqrt().sum()) for name, v in m.fisher.items()
         }
@@ -450,7 +452,7 @@ class _FirstPass:
         forward, whole = self.forward, self.whole
         assert whole is not None
         positions = range(start, min(start + MEAN_ROWS_AT_ONCE, forward.positions))
-        jacobians = [position_jacobian(forward.model, whole.at(forward.first + t)) for t in positions]
+        jacobians = [position_jacobian(forward.model, whole, forward.first + t) for t in positions]
         if self.row_norms is None:
             self.row_norms = head_row_norms(jacobians[0].weight)
         wanted: list[tuple[int, str, torch.Tensor]] = []  # (position, which, q)

@@ -22,6 +22,7 @@ from backend.vocabulary import RHO_NOT_ASKED, STATS
 from workers.fisher import cpu_kernels
 from workers.fisher.first_moments import (
     Factored,
+    FeatureGrams,
     FirstMoment,
     FormedCache,
     Piece,
@@ -56,13 +57,17 @@ def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
     return sum(square_sums_of(tensors).values())
 
 
-def square_sums_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, float]:
+def square_sums_of(
+    tensors: Mapping[str, torch.Tensor], feature_grams: FeatureGrams | None = None
+) -> dict[str, float]:
     """Each tensor's float64 sum of squares. A first moment in its small form is summed from its terms
     (``Factored.square_sum``: never formed); any other tensor is read one at a time, a large one a block
     of rows at a time (a ``FirstMoment`` forms each as it is read: all at once would be
     parameter-sized)."""
     whole = tensors.entries if isinstance(tensors, FirstMoment) else dict(tensors)
-    small = square_sums({name: entry for name, entry in whole.items() if isinstance(entry, Factored)})
+    small = square_sums(
+        {name: entry for name, entry in whole.items() if isinstance(entry, Factored)}, feature_grams
+    )
     sums: dict[str, float] = {}
     rest: dict[str, Factored | torch.Tensor] = {}
     for name, entry in whole.items():
