@@ -303,9 +303,10 @@ def analyze_sequence(
 
 # a response's first pass takes this many of a position's leading Fisher directions. Each goes back over
 # the whole response's rows, whatever the position, so a prefix's first chunk (sized to its own context:
-# 7 directions at 11 tokens) would cost more than everything else the pass does (SmolLM2, 16 tokens: 2
-# directions gave the first partial in 7.4 s under top-k 50 with 65% of the trace, the prefix's chunk in
-# 8.4 s with 47%; on the policy 9.5 s with 48% against 13.6 s with 61%)
+# 7 directions at 11 tokens) costs more than everything else the pass does. SmolLM2, 16 tokens, the first
+# partial under top-k 50 / on the policy: the prefix's chunk 8.4 s with 47% of the trace / 13.6 s with
+# 61%; 2 directions 7.4 s with 65% / 9.5 s with 48%; 1 direction 6.3 s with 49% / 8.2 s with 35%. The
+# refining round brings every position to 90% soon after
 FIRST_PASS_SQUARE_DIRECTIONS = 1
 # none where they are more than this share of a position's directions (a top-k sampler's k - 1 when k is
 # small): the first pass is then its first moments and the head's closed form alone
