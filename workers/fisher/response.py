@@ -361,9 +361,11 @@ class _FirstPass:
     Why a pass of its own rather than positions in rounds: the exact pass must see each position's
     whole Fisher at once (the bound and the kept roots take its square root), and keeping a paused
     position's sums would hold a parameter-sized array per position. What it costs: its leading directions
-    again, ``FIRST_PASS_SQUARE_DIRECTIONS`` per position (2 of ~576 on SmolLM2), and the refining
+    again, ``FIRST_PASS_SQUARE_DIRECTIONS`` per position (1 of ~576 on SmolLM2), and the refining
     round's directions. Each position's plans (C_mu's V d^2 Gram product and its eigendecomposition) are
-    made once for all passes.
+    made once for all passes: by the first pass where mu draws at most ``FIRST_PASS_GRAM_ROWS`` tokens,
+    else (the first pass reading C_mu over the most probable of them, a lower bound) by the refining
+    round, or by the exact pass for a position the round does not take.
     """
 
     analysis: SequenceAnalysis
