@@ -290,6 +290,13 @@ def execute_analysis(
         job = concrete
     analysis_id = job.key()
     progress = watched_progress(store, analysis_id, requested)
+
+    def withdraw_cancel() -> None:
+        """A cancel asked of this run no longer stands: before its record says it ended, so that whoever
+        reads the end reads no cancel pending."""
+        for key in {analysis_id, requested}:
+            store.request_cancel(key, cancel=False)
+
     with leased(store, analysis_id):  # the lease first: running without one reads as a dead worker
         store.update_meta(analysis_id, status="running", stage="load", progress=0.0, error=None)
         try:
@@ -322,14 +329,16 @@ def execute_analysis(
                 keep_for_rewards(analysis, job, settings)
             except Exception as error:  # a cache for later rewards: without it they run whole
                 _log.warning("kept no Fisher roots for %s: %s", analysis_id[:12], _reason(error))
-            store.save_result(analysis_id, checked_summary(analysis.summary), analysis.pooled(*grid))
+            summary = checked_summary(analysis.summary)
+            withdraw_cancel()
+            store.save_result(analysis_id, summary, analysis.pooled(*grid))
         except BaseException as error:  # includes RQ's timeout; the job must end failed, never running
+            withdraw_cancel()
             store.fail(analysis_id, _reason(error))
             if not isinstance(error, Exception):
                 raise
         finally:
-            for key in {analysis_id, requested}:
-                store.request_cancel(key, cancel=False)
+            withdraw_cancel()
 
 
 def repeat_analysis(job: AnalysisJob) -> Callable[[], object]:
