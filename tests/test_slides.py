@@ -479,3 +479,19 @@ def test_a_responses_partial_says_rho_comes_with_the_exact_result():
     assert isinstance(s03_one_position.figure(partial, "on"), go.Figure)
     reading = s03_one_position.reading(partial, "on")
     assert "comes with the exact result" in reading and "second stage" not in reading
+
+
+def test_a_first_partial_says_whose_directions_its_fisher_holds():
+    """A response's partial says what its Fisher holds: the largest directions of C_mu, or, in a first
+    partial that read C_mu over mu's most probable tokens (its spectrum pending), of that part."""
+    from frontend.slides.common import partial_response_words
+
+    response = json.loads(RESPONSE_FIXTURE.read_text())
+    running = {**response, "concentration": None, "top_coordinates": None, "overlap": None}
+    positions = [{**p, "kept_share": 0.5} for p in response["positions"]]
+    refined = partial_response_words(typed({**running, "positions": positions}))
+    first = partial_response_words(
+        typed({**running, "positions": [{**p, "spectrum": None} for p in positions]})
+    )
+    assert "largest directions of C_μ so far" in refined
+    assert "largest directions of C_μ's part over μ's most probable tokens so far" in first

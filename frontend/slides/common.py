@@ -82,8 +82,14 @@ def partial_response_words(summary: AnalysisSummary) -> str:
         return ""
     least = min(p.kept_share for p, still in zip(summary.positions, partial, strict=True) if still)
     exact = len(partial) - sum(partial)
+    # a first partial may read C_mu over mu's most probable tokens only, its spectrum pending
+    whose = (
+        "of C_μ's part over μ's most probable tokens"
+        if any(p.spectrum is None for p in summary.positions)
+        else "of C_μ"
+    )
     return (
         f"Still computing: {exact} of {len(partial)} positions are exact; at the others (pale) the Fisher "
-        f"holds the largest directions of C_μ so far (at least {least:.0%} of its trace), a lower bound. "
+        f"holds the largest directions {whose} so far (at least {least:.0%} of its trace), a lower bound. "
         "The mean shift, χ² and the first moments are complete at every position. "
     )
