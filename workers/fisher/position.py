@@ -223,9 +223,8 @@ class PositionWork:
         if fisher_totals and inputs.reward is not None:
             raise ValueError("the bound needs the Fisher per parameter: not its totals alone")
         layout = HeadLayout.of(model)
-        position = capture.position
-        h = capture.hidden[position].detach()
-        jacobian = logit_jacobian(capture, position, head_rows(model))
+        h = capture.hidden[capture.position].detach()
+        jacobian = position_jacobian(model, capture)
         planned = planned or _fisher_plans(layout, inputs, capture, jacobian, method)
         cov_mu, p_row, plans = planned.cov_mu, planned.p_row, planned.plans
         squares = [
