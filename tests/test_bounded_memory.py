@@ -21,7 +21,13 @@ from workers.fisher.certificate import certify
 from workers.fisher.first_moments import Factored
 from workers.fisher.model_summary import model_summary
 from workers.fisher.position import HeadLayout, PositionInputs, position_moments
+from workers.fisher.response import analyze_sequence
+from workers.fisher.sampler import Sampler
 from workers.fisher.stats import MomentSums
+from workers.fisher.study import StudyStat, StudySums
+from workers.studies.prompts import EncodedPrompt
+from workers.studies.runner import StudyModel, run_study_part
+from workers.studies.spec import StudySpec
 
 IDS = torch.tensor([3, 5, 8, 3, 11])
 CURVE_STATS = ("fisher", "uncentered", "raw")
@@ -282,3 +288,44 @@ def test_a_small_forms_sum_of_squares_is_the_formed_tensors(family, tied, monkey
     for key, stat in (("common_sq", "common"), ("mean_shift_sq", "mean_shift")):
         formed = sum(float(sums.stat(stat, name).double().square().sum()) for name in sums.names)
         assert math.isclose(summary["totals"][key], formed, rel_tol=1e-9)
+
+
+def test_a_responses_squared_first_moments_formed_in_blocks_of_rows_are_the_whole_tensors(monkeypatch):
+    """From the second pass on, a response's squared first moments are formed a block of rows at a time
+    into one buffer (``formed_in_pieces``): the sums of squares equal those formed whole."""
+    model = tiny_llama(tied=True)
+    prefix, response = torch.tensor([3, 5, 8, 7]), torch.tensor([9, 4, 2])
+
+    def squares() -> dict[str, dict[str, torch.Tensor]]:
+        result = analyze_sequence(
+            model, prefix, response, Sampler(temperature=0.7, top_k=6), Method(),
+            memory_budget_bytes=BUDGET, on_partial=lambda snapshot, kept: None,
+        )  # fmt: skip
+        return {key: dict(result.sums.sums[key].entries) for key in ("mean_shift_sq", "kbar_mu_sq")}
+
+    whole = squares()
+    monkeypatch.setattr(first_moments, "PIECE_VALUES", 40)  # every matrix in blocks of a few rows
+    in_blocks = squares()
+    for key, table in whole.items():
+        assert table.keys() == in_blocks[key].keys()
+        for name, value in table.items():
+            torch.testing.assert_close(in_blocks[key][name], value, rtol=1e-12, atol=1e-15)
+
+
+def test_a_studys_mean_shift_added_in_blocks_of_rows_is_the_whole_tensors(monkeypatch):
+    """A study adds each context's mean shift and its square a block of rows at a time from one buffer:
+    the running sums equal those of the whole tensors."""
+    model = tiny_llama(tied=True)
+    spec = StudySpec(Sampler(temperature=0.8, top_k=5), samples=2, max_tokens=2, seed=7)
+    prompts = [EncodedPrompt(0, 1, [2, 5, 8], "odd", None)]
+    study_model = StudyModel(model, lambda ids: " ".join(map(str, ids)), set())
+
+    def sums() -> StudySums:
+        return run_study_part(study_model, spec, prompts, memory_budget_bytes=BUDGET).sums
+
+    whole = sums()
+    monkeypatch.setattr(first_moments, "PIECE_VALUES", 40)
+    in_blocks = sums()
+    for stat in (StudyStat.mean_shift, StudyStat.mean_shift_sq, StudyStat.fisher):
+        for name, value in whole.iter_stat(stat):
+            torch.testing.assert_close(in_blocks.stat(stat, name), value, rtol=1e-12, atol=1e-15)

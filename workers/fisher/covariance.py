@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.fisher.logit_map import LogitJacobian
+from workers.fisher.logit_map import ROWS_PER_BLOCK, LogitJacobian
 
 
 @dataclass
@@ -70,9 +70,6 @@ class OutputCovariance:
         return torch.linalg.eigvalsh(second).flip(0)
 
 
-# float64 rows per block: a block stays in cache and nothing [V, d] is allocated (1024 was the fastest of
-# 256 to 2048 on SmolLM2's head)
-ROWS_PER_BLOCK = 1024
 # column blocks of the Gram product's lower triangle: 4 do 10/16 of the full product's flops (a quarter
 # less time on SmolLM2's head); more make each product too thin to gain
 GRAM_COLUMN_BLOCKS = 4

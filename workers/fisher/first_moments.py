@@ -547,6 +547,22 @@ def pieces_of(shapes: Mapping[str, tuple[int, ...]], most: int | None = None) ->
     }
 
 
+def largest_piece(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """Values in the largest of ``pieces_of(shapes)``: a buffer that holds any tensor's piece."""
+    return max(math.prod(piece.shape) for piece in pieces_of(shapes).values())
+
+
+def formed_in_pieces(
+    name: str, entry: Factored, buffer: torch.Tensor
+) -> Iterator[tuple[Piece, torch.Tensor]]:
+    """Tensor ``name`` from its small form, a piece at a time (``row_pieces``), each formed in the first
+    values of ``buffer`` (flat, of its dtype, ``largest_piece`` long): valid until the next is formed.
+    Why: a fresh array of more than 32 MB is mapped afresh and its first touch costs more than the
+    arithmetic written into it, and a buffer of a piece is what the summary takes next from the pool."""
+    for piece in row_pieces(name, entry.shape).values():
+        yield piece, in_piece(entry, piece).form(out=buffer[: math.prod(piece.shape)].view(piece.shape))
+
+
 @overload
 def in_piece(entry: torch.Tensor, piece: Piece) -> torch.Tensor: ...
 @overload

@@ -28,11 +28,14 @@ from workers.fisher.first_moments import (
     Piece,
     Root,
     Whole,
+    formed_in_pieces,
     in_piece,
+    largest_piece,
     pieces_of,
     square_sums,
 )
 from workers.fisher.position import PositionMoments
+from workers.fisher.scratch_pool import summary_scratch
 from workers.fisher.terms import StatTerms
 
 Params = dict[str, torch.Tensor]
@@ -195,13 +198,47 @@ class MomentSums:
         (``second_moments_over``)."""
         on_policy = m.kbar_mu is m.kbar_p
         shifts = None if on_policy else m.kbar_mu.minus(m.kbar_p)
-        for name in self.names:
-            self._add_second_moments(m, name, on_policy)
-            if shifts is not None:
-                self._add_square("mean_shift_sq", name, shifts[name])
-                self._add_square("kbar_mu_sq", name, m.kbar_mu[name])
-            if self._keeps("common_sq"):
-                self._add_square("common_sq", name, m.kbar_p[name])
+        squared = self._squared_moments(m, shifts)
+        # each squared moment is formed into one kept buffer, a large tensor a block of rows at a time
+        # (``row_pieces``): a fresh array the size of the head costs as much in first-touch page faults
+        # as the rest of its square (150 ms a form on SmolLM2's tied table, twice per position off the
+        # policy), and a buffer of a block is the one the summary takes next from the same pool
+        largest = largest_piece(self.shapes)
+        scratch = summary_scratch.take(largest, self.dtype, self.device)
+        try:
+            for name in self.names:
+                self._add_second_moments(m, name, on_policy)
+                for key, moment in squared:
+                    if self._keeps(key):  # after the second moments: rho's is kept once fisher_p is
+                        self._add_square_formed(key, name, moment, scratch)
+        finally:
+            summary_scratch.give(scratch)
+
+    def _add_square_formed(self, key: str, name: str, moment: FirstMoment, scratch: torch.Tensor) -> None:
+        """``_add_square`` of a first moment's tensor, formed in ``scratch`` a piece at a time."""
+        entry = moment.entry(name)
+        if isinstance(entry, torch.Tensor) or entry.dtype != scratch.dtype:
+            self._add_square(key, name, moment[name])
+            return
+        entries = self._table(key).entries
+        current = entries.get(name)
+        fresh = current is None
+        total = torch.empty(entry.shape, dtype=entry.dtype, device=entry.device) if fresh else current
+        assert isinstance(total, torch.Tensor)  # sums of squares are arrays
+        for piece, formed in formed_in_pieces(name, entry, scratch):
+            into = in_piece(total, piece)
+            if fresh:
+                torch.mul(formed, formed, out=into)
+            else:
+                into.addcmul_(formed, formed)
+        entries[name] = total
+
+    @staticmethod
+    def _squared_moments(m: PositionMoments, shifts: FirstMoment | None) -> list[tuple[str, FirstMoment]]:
+        """The first moments of a position whose squares the sums keep: the mean shift's and kbar_mu's off
+        the policy, and kbar_p's (the common component) where it is kept."""
+        off_policy = [] if shifts is None else [("mean_shift_sq", shifts), ("kbar_mu_sq", m.kbar_mu)]
+        return [*off_policy, ("common_sq", m.kbar_p)]
 
     def _add_second_moments(self, m: PositionMoments, name: str, on_policy: bool) -> None:
         """One tensor's second moments of a position: its Fisher, under p off the policy (on it the

@@ -22,7 +22,7 @@ import hashlib
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -40,6 +40,7 @@ from workers.fisher.directions import (
     SquareGroup,
     backprop_directions,
 )
+from workers.fisher.first_moments import FirstMoment, Piece, formed_in_pieces, in_piece, largest_piece
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.methods import SecondMomentPlan, second_moment_plan
 from workers.fisher.position import HeadLayout, HeadTerms, head_rows, looked_up_rows
@@ -50,6 +51,7 @@ from workers.fisher.sampler import (
     sampler_distribution,
     uniform_distribution,
 )
+from workers.fisher.scratch_pool import summary_scratch
 
 Params = dict[str, torch.Tensor]
 Progress = Callable[[float], None]
@@ -148,13 +150,21 @@ class StudySums:
     def add(self, stat: str, params: Params, weight: float = 1.0) -> None:
         """sums[stat] += weight * params (in place: no P-sized temporary)."""
         for name in self.names:
-            self._slot(stat, name).add_(params[name].to(self.dtype), alpha=weight)
+            self.add_tensor(stat, Piece(name, self.shapes[name]), params[name], weight)
+
+    def add_tensor(self, stat: str, piece: Piece, value: torch.Tensor, weight: float = 1.0) -> None:
+        """``add`` of one tensor's piece."""
+        in_piece(self._slot(stat, piece.tensor), piece).add_(value.to(self.dtype), alpha=weight)
 
     def add_square(self, stat: str, params: Params, weight: float = 1.0) -> None:
         """sums[stat] += weight * params^2."""
         for name in self.names:
-            value = params[name].to(self.dtype)
-            self._slot(stat, name).addcmul_(value, value, value=weight)
+            self.add_square_tensor(stat, Piece(name, self.shapes[name]), params[name], weight)
+
+    def add_square_tensor(self, stat: str, piece: Piece, value: torch.Tensor, weight: float = 1.0) -> None:
+        """``add_square`` of one tensor's piece."""
+        value = value.to(self.dtype)
+        in_piece(self._slot(stat, piece.tensor), piece).addcmul_(value, value, value=weight)
 
     def has(self, stat: str) -> bool:
         if stat == UNCENTERED:
@@ -198,7 +208,8 @@ class ContextMoments:
     """The moments at the last position of one context (each dict parameter-shaped)."""
 
     fisher: Params  # Var_mu[kappa]
-    mean_shift: Params | None  # kbar^mu - kbar^p; None on-policy, where it is zero by construction
+    # kbar^mu - kbar^p in its small form (``FirstMoment``); None on-policy, where it is zero by construction
+    mean_shift: FirstMoment | None
     fisher_under: dict[str, Params]  # Var_q[kappa] for each reference distribution asked for
     directions: int
 
@@ -252,9 +263,7 @@ def context_moments(
     fisher = second.pop("fisher")
     if Reference.model in references and sampler.is_on_policy:
         second[Reference.model] = fisher
-    shift = (
-        None if sampler.is_on_policy else head.first_moment(results.linears.get("mean_shift"), mu - p).dense()
-    )
+    shift = None if sampler.is_on_policy else head.first_moment(results.linears.get("mean_shift"), mu - p)
     directions = sum(int(plan.vectors.shape[0]) for plan in plans.values()) + len(linears) + len(probes)
     return ContextMoments(fisher, shift, second, directions)
 
@@ -285,7 +294,8 @@ def _next_token_distributions(
 
 def _second_moment(head: HeadTerms, results: DirectionResults, key: str, plan: SecondMomentPlan) -> Params:
     """Input side plus the head's closed form plus, for a tied table, the cross term of the rows read."""
-    params = head.second_moment(results.squares.get(key), plan.head_coefficient)
+    owned = results.owns(key, head.layout.head_name)
+    params = head.second_moment(results.squares.get(key), plan.head_coefficient, in_place=owned)
     name, h = head.layout.head_name, head.h
     for c in plan.probes:
         row = results.probes.get(f"{key}:{c}")
@@ -381,12 +391,29 @@ def _add_context(sums: StudySums, moments: ContextMoments, count: int) -> tuple[
     sums.add(StudyStat.fisher, moments.fisher, count)
     fisher_total = sum(float(v.sum()) for v in moments.fisher.values())
     shift_sq_total = 0.0
-    if moments.mean_shift is not None:
-        sums.add(StudyStat.mean_shift, moments.mean_shift, count)
-        sums.add_square(StudyStat.mean_shift_sq, moments.mean_shift, count)
-        shift_sq_total = sum(
-            float(torch.dot(v.reshape(-1), v.reshape(-1))) for v in moments.mean_shift.values()
-        )
+    shift = moments.mean_shift
+    if shift is None:
+        return fisher_total, fisher_total
+    # each tensor formed into one kept buffer a piece at a time, added and squared from there: forming
+    # the whole shift was a fresh parameter-sized array per context, paid again in first-touch page faults
+    scratch = None
+    try:
+        for name in sums.names:
+            entry = shift.entry(name)
+            if isinstance(entry, torch.Tensor):  # whole already
+                parts: Iterable[tuple[Piece, torch.Tensor]] = [(Piece(name, tuple(entry.shape)), entry)]
+            else:
+                if scratch is None:
+                    scratch = summary_scratch.take(largest_piece(sums.shapes), entry.dtype, entry.device)
+                parts = formed_in_pieces(name, entry, scratch)
+            for piece, value in parts:
+                sums.add_tensor(StudyStat.mean_shift, piece, value, count)
+                sums.add_square_tensor(StudyStat.mean_shift_sq, piece, value, count)
+                flat = value.reshape(-1)
+                shift_sq_total += float(torch.dot(flat, flat))
+    finally:
+        if scratch is not None:
+            summary_scratch.give(scratch)
     return fisher_total, fisher_total + shift_sq_total
 
 

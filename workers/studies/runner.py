@@ -27,6 +27,7 @@ from workers.fisher.response import log_likelihood_gradient
 from workers.fisher.sampling import sample_continuation, stop_ids
 from workers.fisher.study import PromptFisher, StudyStat, StudySums, add_prompt_fisher
 from workers.models.loading import LoadedModel
+from workers.process_memory import retain_freed_memory
 from workers.studies.prompts import EncodedPrompt
 from workers.studies.spec import CompareAt, StudySpec
 
@@ -91,6 +92,7 @@ def run_study_part(
 ) -> StudyPart:
     """Sample, compute and sum the study over ``prompts`` (any subset of the study's prompts).
     ``sums_folder``: where its running sums are memory-mapped files (``StudySums.backing``)."""
+    retain_freed_memory()  # the engine's thousands of per-context arrays reuse freed memory (as an analysis)
     model = study_model.model
     layout = HeadLayout.of(model)
     part = StudyPart(StudySums.of(model, backing=sums_folder), layout.head_name, layout.embedding_name)
