@@ -85,7 +85,7 @@ def output_covariance(jacobian: LogitJacobian, q: torch.Tensor) -> OutputCovaria
     """
     blocks = _support_blocks(q)
     width = jacobian.weight.shape[1]
-    mean_row = _mean_row(jacobian, blocks, q)
+    mean_row = jacobian.combine(q)
     cov = torch.zeros(width, width, dtype=torch.float64, device=q.device)
     edges = [width * k // GRAM_COLUMN_BLOCKS for k in range(GRAM_COLUMN_BLOCKS + 1)]
     for rows, w in blocks:
@@ -148,7 +148,7 @@ def head_row_norms(weight: torch.Tensor) -> torch.Tensor:
 
 def mean_logit_row(jacobian: LogitJacobian, q: torch.Tensor) -> torch.Tensor:
     """jbar = sum_a q_a j_a [d] (float64) alone: what a first moment needs, without C_q's V d^2 Gram."""
-    return _mean_row(jacobian, _support_blocks(q), q)
+    return jacobian.combine(q)
 
 
 def mean_logit_rows(jacobians: Sequence[LogitJacobian], qs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -174,12 +174,3 @@ def _support_blocks(q: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         (index[lo : lo + ROWS_PER_BLOCK], weights[lo : lo + ROWS_PER_BLOCK])
         for lo in range(0, index.numel(), ROWS_PER_BLOCK)
     ]
-
-
-def _mean_row(
-    jacobian: LogitJacobian, blocks: list[tuple[torch.Tensor, torch.Tensor]], q: torch.Tensor
-) -> torch.Tensor:
-    mean_row = torch.zeros(jacobian.weight.shape[1], dtype=torch.float64, device=q.device)
-    for rows, w in blocks:
-        mean_row += w @ jacobian.rows(rows)
-    return mean_row

@@ -553,14 +553,19 @@ def largest_piece(shapes: Mapping[str, tuple[int, ...]]) -> int:
 
 
 def formed_in_pieces(
-    name: str, entry: Factored, buffer: torch.Tensor
+    name: str, entry: Factored | torch.Tensor, buffer: torch.Tensor
 ) -> Iterator[tuple[Piece, torch.Tensor]]:
-    """Tensor ``name`` from its small form, a piece at a time (``row_pieces``), each formed in the first
-    values of ``buffer`` (flat, of its dtype, ``largest_piece`` long): valid until the next is formed.
-    Why: a fresh array of more than 32 MB is mapped afresh and its first touch costs more than the
-    arithmetic written into it, and a buffer of a piece is what the summary takes next from the pool."""
-    for piece in row_pieces(name, entry.shape).values():
-        yield piece, in_piece(entry, piece).form(out=buffer[: math.prod(piece.shape)].view(piece.shape))
+    """Tensor ``name`` a piece at a time (``row_pieces``): a small form's each formed in the first
+    values of ``buffer`` (flat, of its dtype, ``largest_piece`` long), valid until the next is formed;
+    an array's as views of it. Why: a fresh array of more than 32 MB is mapped afresh and its first
+    touch costs more than the arithmetic written into it, and a buffer of a piece is what the summary
+    takes next from the pool."""
+    for piece in row_pieces(name, tuple(entry.shape)).values():
+        part = in_piece(entry, piece)
+        if isinstance(part, torch.Tensor):
+            yield piece, part
+        else:
+            yield piece, part.form(out=buffer[: math.prod(piece.shape)].view(piece.shape))
 
 
 @overload

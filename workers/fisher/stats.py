@@ -217,9 +217,6 @@ class MomentSums:
     def _add_square_formed(self, key: str, name: str, moment: FirstMoment, scratch: torch.Tensor) -> None:
         """``_add_square`` of a first moment's tensor, formed in ``scratch`` a piece at a time."""
         entry = moment.entry(name)
-        if isinstance(entry, torch.Tensor) or entry.dtype != scratch.dtype:
-            self._add_square(key, name, moment[name])
-            return
         entries = self._table(key).entries
         current = entries.get(name)
         fresh = current is None

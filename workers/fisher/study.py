@@ -22,7 +22,7 @@ import hashlib
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -396,24 +396,17 @@ def _add_context(sums: StudySums, moments: ContextMoments, count: int) -> tuple[
         return fisher_total, fisher_total
     # each tensor formed into one kept buffer a piece at a time, added and squared from there: forming
     # the whole shift was a fresh parameter-sized array per context, paid again in first-touch page faults
-    scratch = None
+    dtype = next(iter(moments.fisher.values())).dtype  # the model's, as the small forms'
+    scratch = summary_scratch.take(largest_piece(sums.shapes), dtype, sums.device)
     try:
         for name in sums.names:
-            entry = shift.entry(name)
-            if isinstance(entry, torch.Tensor):  # whole already
-                parts: Iterable[tuple[Piece, torch.Tensor]] = [(Piece(name, tuple(entry.shape)), entry)]
-            else:
-                if scratch is None:
-                    scratch = summary_scratch.take(largest_piece(sums.shapes), entry.dtype, entry.device)
-                parts = formed_in_pieces(name, entry, scratch)
-            for piece, value in parts:
+            for piece, value in formed_in_pieces(name, shift.entry(name), scratch):
                 sums.add_tensor(StudyStat.mean_shift, piece, value, count)
                 sums.add_square_tensor(StudyStat.mean_shift_sq, piece, value, count)
                 flat = value.reshape(-1)
                 shift_sq_total += float(torch.dot(flat, flat))
     finally:
-        if scratch is not None:
-            summary_scratch.give(scratch)
+        summary_scratch.give(scratch)
     return fisher_total, fisher_total + shift_sq_total
 
 
