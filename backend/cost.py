@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from backend.memory_estimate import estimate_peak
+from backend.memory_estimate import context_lengths, estimate_peak
 from backend.schemas import AnalysisJob, CostEstimate
 from backend.square_forms import prefers_ghost
 from backend.vocabulary import Method, MethodName, SamplerKind, takes_a_first_pass
@@ -43,9 +43,11 @@ SUMMARY_FLOPS_PER_PARAM = 2000  # once: totals, concentration curves, top coordi
 FIRST_PASS_DIRECTIONS = 3
 FIRST_PASS_FLOPS_PER_PARAM = 600
 # its refining round to 90% of every position's trace (not with a reward): the leading directions that
-# carry it, which the exact pass spends again, as a share of the exact directions (on SmolLM2 7-120 of
-# 576 per position on the policy, 3-22 of 49 under top-k 50; the round added 15-22% to the done time)
-REFINING_DIRECTION_SHARE = 0.2
+# carry it (on SmolLM2 7-120 of 576 per position on the policy, 3-22 of 49 under top-k 50), which the
+# exact pass takes over where the workspace keeps them; what is left is their backward over the whole
+# response's rows and the positions not kept, as a share of the exact directions (SmolLM2, 7 tokens
+# on the policy: 63.7 s with partial results against 58.0 s without, the first pass's 3.4 s included)
+REFINING_DIRECTION_SHARE = 0.05
 
 
 def slowest_live_rate(rates: dict[str, float], live: set[str] | None) -> float | None:
@@ -54,21 +56,6 @@ def slowest_live_rate(rates: dict[str, float], live: set[str] | None) -> float |
     None: every worker is this process, and what it published is its own."""
     found = [rate for worker, rate in rates.items() if (live is None or worker in live) and rate > 0]
     return min(found) if found else None
-
-
-def context_lengths(job: AnalysisJob) -> list[int]:
-    """Context length of every analysed position: one for a prefix, T along a continuation.
-
-    Position t (1-based) predicts y_t from the prefix plus y_1..y_{t-1}: len(prefix) + t - 1 tokens.
-    """
-    n_prefix = len(job.input_ids)
-    # a response still to be sampled counts at its longest: an upper bound until it is drawn
-    n_response = len(job.continuation_ids) or (
-        job.continuation_sample.max_tokens if job.continuation_sample else 0
-    )
-    if not n_response:
-        return [n_prefix]
-    return [n_prefix + t - 1 for t in range(1, n_response + 1)]
 
 
 def sampler_directions(d_model: int, job: AnalysisJob) -> int:

@@ -4,7 +4,8 @@ Why: an analysis that does not fit is killed by the kernel part way through (a w
 with it), after minutes of work. What it holds at its peak: the weights; the parameter-sized sums (a
 prefix's Fisher, and the Fisher under p when rho is asked; along a response, every sum over positions,
 whose squares are not low rank); the summary's workspace, a few arrays of a block of rows
-(``PIECE_VALUES``) in each thread; a direction chunk (the engine's budget); one array of the largest
+(``PIECE_VALUES``) in each thread; a direction chunk (the engine's budget); along a response, what its
+first pass and refining round keep for the exact pass (within the budget again); one array of the largest
 tensor (the certificate's backward holds a tied table's gradient from the head until the lookup's
 arrives); the runtime; and what the allocator keeps beyond the arrays alive, fitted on
 `benchmarks/bench_scale.py`.
@@ -19,7 +20,7 @@ from typing import Protocol
 from backend.normalize import RequestError
 from backend.schemas import AnalysisJob
 from backend.settings import Settings
-from backend.vocabulary import PIECE_VALUES
+from backend.vocabulary import PIECE_VALUES, takes_a_first_pass
 
 VALUE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 # Python, torch, transformers and the tokenizer, loaded (SmolLM2-135M's run peaks at 0.9 GB in all)
@@ -55,11 +56,47 @@ class PeakMemory:
         )
 
 
+def along_a_response(job: AnalysisJob) -> bool:
+    """Several positions (a response given or sampled), not a prefix's next token alone."""
+    return len(job.continuation_ids) > 1 or job.continuation_sample is not None
+
+
+def context_lengths(job: AnalysisJob) -> list[int]:
+    """Context length of every analysed position: one for a prefix, T along a continuation.
+
+    Position t (1-based) predicts y_t from the prefix plus y_1..y_{t-1}: len(prefix) + t - 1 tokens.
+    """
+    n_prefix = len(job.input_ids)
+    # a response still to be sampled counts at its longest: an upper bound until it is drawn
+    n_response = len(job.continuation_ids) or (
+        job.continuation_sample.max_tokens if job.continuation_sample else 0
+    )
+    if not n_response:
+        return [n_prefix]
+    return [n_prefix + t - 1 for t in range(1, n_response + 1)]
+
+
+def kept_between_passes(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> int:
+    """What a response's first pass keeps for its exact pass (``response._FirstPass``), at most a
+    workspace's worth (``chunk_bytes``): per position its plans (C_mu's eigenvectors, each Fisher's
+    directions: d x d float64 each, and a float64 row of the vocabulary per Fisher) and its refining
+    round's ghost moments, n (n + 1) / 2 values per block output, of which there are fewer than the
+    parameters over d_model."""
+    lengths = context_lengths(job)
+    if not takes_a_first_pass(job.method, job.sampler, len(lengths)):
+        return 0
+    fishers = 1 + (job.rho and not job.sampler.is_on_policy)
+    plans = 8 * ((1 + fishers) * model.d_model**2 + fishers * model.vocab_size)
+    outputs = model.n_params // model.d_model
+    value = VALUE_BYTES.get(job.dtype, 4)
+    return min(chunk_bytes, sum(plans + outputs * n * (n + 1) // 2 * value for n in lengths))
+
+
 def parameter_sized_sums(job: AnalysisJob) -> int:
     """How many parameter-sized arrays the analysis holds at once (``workers.fisher.stats.MomentSums``)."""
     on_policy = job.sampler.is_on_policy
     fisher_p = job.rho and not on_policy
-    if len(job.continuation_ids) <= 1 and job.continuation_sample is None:
+    if not along_a_response(job):
         return 1 + fisher_p  # a prefix: the Fisher (and under p); first moments stay small
     # along a response: the Fisher and the common component, with its squares where something reads them
     # (the raw Fisher on the policy, rho), the mean shift with its squares and kbar_mu's, the reward's
@@ -80,7 +117,8 @@ def estimate_peak(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> P
     block = min(largest_values, PIECE_VALUES)
     summary = SUMMARY_THREADS * (summary_tables(job) + 1) * block * value
     slack = int(SLACK_BYTES_PER_PARAM * model.n_params)
-    workspace = summary + chunk_bytes + largest_values * value + RUNTIME_BYTES + slack
+    kept = kept_between_passes(model, job, chunk_bytes)
+    workspace = summary + chunk_bytes + kept + largest_values * value + RUNTIME_BYTES + slack
     return PeakMemory(model.n_params * value, parameter_sized_sums(job) * model.n_params * value, workspace)
 
 

@@ -13,6 +13,7 @@ from workers.fisher.block_squares import (
     ghost_entries,
     ghost_moments,
     ghost_squares,
+    ghost_total,
     pair_moments_by_grams,
     pair_moments_by_products,
     pair_moments_by_rows,
@@ -136,6 +137,9 @@ def test_ghost_and_direct_squares_agree_with_the_definition(rows):
         torch.testing.assert_close(ghost_squares(way(delta, weights), x), want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ghost_squares(m, x), want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(direct_squares(x, delta, weights), want, rtol=1e-12, atol=1e-12)
+    # their total over the block, read from M without forming them (a refining round's), either layout
+    for moments in (m, pair_moments_by_grams(delta, weights)):
+        assert ghost_total(moments, x) == pytest.approx(float(want.sum()), rel=1e-12)
 
 
 def test_response_sums_match_per_position_brute_force(model):

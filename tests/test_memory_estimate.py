@@ -12,12 +12,13 @@ from fastapi.testclient import TestClient
 
 from backend import registry as catalog
 from backend.main import create_app
-from backend.memory_estimate import estimate_peak, parameter_sized_sums, what_would_fit
+from backend.memory_estimate import estimate_peak, kept_between_passes, parameter_sized_sums, what_would_fit
 from backend.schemas import AnalysisJob
 from backend.settings import Settings, get_settings
-from backend.vocabulary import Method, Sampler
+from backend.vocabulary import Method, MethodName, Sampler
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.tiny_models import BUDGET, tiny_llama
+from workers.fisher import response
 from workers.fisher.response import analyze_sequence
 
 OFF_POLICY = Sampler(temperature=0.7)
@@ -74,6 +75,48 @@ def test_the_sums_counted_are_those_the_engine_holds(fields, positions):
     # held once the last position is folded in: all but the position being added
     expected = parameter_sized_sums(job) - (positions > 1)
     assert held == expected * size
+
+
+def test_what_a_responses_first_pass_keeps_is_within_its_estimate(monkeypatch):
+    """The plans and refining round's ghost moments a response's first pass keeps for its exact pass
+    stay within what the estimate counts, which is at most a workspace's worth; nothing for a prefix,
+    nor where no first pass runs (a truncated plan)."""
+    job = _job(continuation_ids=[4, 7, 9, 2], sampler=OFF_POLICY, rho=True)
+    model = tiny_llama(tied=True, seed=2, vocab_size=41, dtype=torch.float32)
+    info = type(
+        "Info", (), {"n_params": sum(p.numel() for p in model.parameters()), "d_model": 16, "vocab_size": 41}
+    )
+    held: list[int] = []
+    keeps = response._FirstPass._keeps
+
+    def counted(self, nbytes: int) -> bool:
+        kept = keeps(self, nbytes)
+        held.append(self.kept_bytes)
+        return kept
+
+    monkeypatch.setattr(response._FirstPass, "_keeps", counted)
+    analyze_sequence(
+        model,
+        torch.tensor(job.input_ids),
+        torch.tensor(job.continuation_ids),
+        OFF_POLICY,
+        Method(),
+        memory_budget_bytes=BUDGET,
+        on_partial=lambda snapshot, kept_share: None,
+        fisher_under_p=True,
+    )
+    plans = 8 * (3 * 16**2 + 2 * 41) * len(job.continuation_ids)
+    assert plans < max(held) <= kept_between_passes(info, job, BUDGET)  # the round's moments too
+    assert kept_between_passes(SMOLLM2, _job(), 1 << 30) == 0
+    assert (
+        kept_between_passes(
+            SMOLLM2,
+            _job(continuation_ids=[4, 7], method=Method(name=MethodName.truncated, fraction=0.5)),
+            1 << 30,
+        )
+        == 0
+    )
+    assert kept_between_passes(SMOLLM2, _job(continuation_ids=list(range(64))), 1 << 30) == 1 << 30
 
 
 def test_what_would_fit_names_the_changes_that_fit():

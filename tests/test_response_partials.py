@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from backend.vocabulary import Method, MethodName, SamplerKind
-from tests.tiny_models import BUDGET, tiny_llama
-from workers.fisher import response
+from tests.tiny_models import BUDGET, tiny_llama, tiny_model
+from workers.fisher import directions, response
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
 from workers.fisher.sampler import Sampler, warped_distribution
@@ -205,14 +205,15 @@ def test_refinement_is_monotone_and_ends_at_the_exact_result():
             assert all(a <= b * (1 + 1e-12) for a, b in zip(before, partial["positions"], strict=True))
     alone = analyze_sequence(model, PREFIX, RESPONSE, sampler, Method(), memory_budget_bytes=BUDGET)
     assert result.sums.has_rho and alone.sums.has_rho
-    for name, value in alone.sums.iter_stat("fisher"):
-        assert torch.equal(result.sums.stat("fisher", name), value)  # partials change no exact number
-    assert [r.moments_totals for r in alone.positions] == [r.moments_totals for r in result.positions]
-    # the first moments and their squares are the first pass's, taken over (a batch of other directions
-    # rounds them apart at most); every stat is the analysis's without partial results
-    for stat in ("mean_shift", "common", "uncentered", "raw", "rho"):
+    assert result.directions == alone.directions  # the round's, taken over by the exact pass, count
+    # every stat is the analysis's without partial results, rounded apart at most: the round's
+    # directions went back through the response's one forward, the first moments through a batch of
+    # other directions
+    for stat in ("fisher", "mean_shift", "common", "uncentered", "raw", "rho"):
         for name, value in alone.sums.iter_stat(stat):
             torch.testing.assert_close(result.sums.stat(stat, name), value, rtol=1e-10, atol=1e-14)
+    for finished, single in zip(result.positions, alone.positions, strict=True):
+        assert finished.moments_totals == pytest.approx(single.moments_totals, rel=1e-10)
     assert result.accumulated_shift_sq == pytest.approx(alone.accumulated_shift_sq, rel=1e-10)
 
 
@@ -341,4 +342,75 @@ def test_a_first_pass_that_reads_c_mu_over_its_most_probable_rows_gives_that_par
     alone = analyze_sequence(model, PREFIX, RESPONSE, sampler, Method(), memory_budget_bytes=BUDGET)
     for name, value in alone.sums.iter_stat("fisher"):  # the round's plans, not the first pass's
         torch.testing.assert_close(result.sums.stat("fisher", name), value, rtol=1e-12, atol=1e-15)
+    for finished, single in zip(result.positions, alone.positions, strict=True):
+        assert finished.moments_totals == pytest.approx(single.moments_totals, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("family", "tied", "sampler"),
+    [
+        ("llama", True, Sampler()),  # the tied probes summed over a complete basis: from the round's rows
+        ("llama", True, Sampler(temperature=0.7, top_k=6)),  # probes with a backward of their own
+        ("qwen2", False, Sampler(temperature=0.7)),  # off the policy with rho: both Fisher carried
+        ("gpt2", True, Sampler()),  # the norms' and biases' squares (autograd's parameters) carried
+        ("qwen3_moe", False, Sampler()),  # an expert's rows are the whole response's: nothing carried
+    ],
+)
+def test_the_exact_pass_continues_from_what_the_rounds_directions_left(monkeypatch, family, tied, sampler):
+    """Each position's exact pass takes its refining round's directions over (the ghost moments of every
+    block, the tables' rows, the other parameters' squares, the tied probes' rows) and back-propagates
+    only the rest: fewer directions, every stat the analysis's without partial results to rounding.
+    Where an expert's rows differ between the response's forward and the context's own, it repeats
+    them, bit for bit the analysis without partials."""
+    model = tiny_model(family, tied=tied)
+    rho = not sampler.is_on_policy
+    result, seen, carried_rows = _backward_rows(monkeypatch, model, sampler, rho)
+    assert len(seen) == 2 + RESPONSE.numel() - 1  # a first pass and its round ran
+    monkeypatch.setattr(response, "carried_bytes", lambda capture: 2 * BUDGET)  # nothing kept
+    _, _, repeated_rows = _backward_rows(monkeypatch, model, sampler, rho)
+    alone = analyze_sequence(
+        model, PREFIX, RESPONSE, sampler, Method(), memory_budget_bytes=BUDGET, fisher_under_p=rho
+    )
+    assert result.directions == alone.directions  # the round's, taken over by the exact pass, count
+    stats = ["fisher", "uncentered", "raw", *(["rho"] if rho else [])]
+    if family == "qwen3_moe":
+        assert carried_rows == repeated_rows
+        for name, value in alone.sums.iter_stat("fisher"):
+            assert torch.equal(result.sums.stat("fisher", name), value)
+        return
+    assert carried_rows < repeated_rows  # the exact pass back-propagated only the other directions
+    for stat in stats:
+        for name, value in alone.sums.iter_stat(stat):
+            torch.testing.assert_close(result.sums.stat(stat, name), value, rtol=1e-10, atol=1e-14)
+    for finished, single in zip(result.positions, alone.positions, strict=True):
+        assert finished.moments_totals == pytest.approx(single.moments_totals, rel=1e-10)
+
+
+def _backward_rows(monkeypatch, model, sampler: Sampler, rho: bool) -> tuple[SequenceAnalysis, list, int]:
+    """``_partials``, and the directions every backward of the analysis took in all."""
+    rows = [0]
+    batched = directions.batched_grad
+
+    def counted(output, inputs, grad_outputs):
+        rows[0] += grad_outputs.shape[0]
+        return batched(output, inputs, grad_outputs)
+
+    monkeypatch.setattr(directions, "batched_grad", counted)
+    result, seen = _partials(model, sampler, rho=rho)
+    monkeypatch.setattr(directions, "batched_grad", batched)
+    return result, seen, rows[0]
+
+
+def test_where_the_workspace_keeps_none_of_the_rounds_directions_the_exact_pass_repeats_them(monkeypatch):
+    """Beyond the kept half of the workspace the round leaves nothing: the exact pass runs every
+    direction, and the result is the analysis's without partial results bit for bit."""
+    monkeypatch.setattr(response, "carried_bytes", lambda capture: 2 * BUDGET)
+    model = tiny_llama(tied=True)
+    sampler = Sampler()
+    result, seen = _partials(model, sampler)
+    assert len(seen) == 2 + RESPONSE.numel() - 1
+    alone = analyze_sequence(model, PREFIX, RESPONSE, sampler, Method(), memory_budget_bytes=BUDGET)
+    assert result.directions == alone.directions
+    for name, value in alone.sums.iter_stat("fisher"):
+        assert torch.equal(result.sums.stat("fisher", name), value)
     assert [r.moments_totals for r in alone.positions] == [r.moments_totals for r in result.positions]

@@ -15,12 +15,12 @@ from backend.cost import (
     GHOST_PAIR_FLOPS_PER_PARAM,
     REFINING_DIRECTION_SHARE,
     SUMMARY_FLOPS_PER_PARAM,
-    context_lengths,
     estimate_cost,
     estimate_flops,
     ghost_context_pairs,
     probe_directions,
 )
+from backend.memory_estimate import context_lengths
 from backend.normalize import RequestError, check_model_id, normalize
 from backend.schemas import AnalysisCreate, AnalysisJob, SamplerSpec, SampleSpec
 from backend.settings import RequestLimits

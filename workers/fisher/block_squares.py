@@ -12,6 +12,8 @@ Index conventions: b direction, r/s row, i in, o out, c token row.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from backend.square_forms import direct_cost, ghost_cost
@@ -168,10 +170,91 @@ class ParameterSums:
         target += value
 
 
-class SquareAccumulator:
-    """sum_j w_j (d(v_j^T h)/dtheta)^2 for one square group, over every block and generic parameter."""
+@dataclass
+class CarriedSquares:
+    """A square group's leading directions as an earlier pass of the same position left them, in the form
+    a later pass continues (``SquareAccumulator``'s ``carried``): per matrix block its ghost moments M
+    over the context's rows, per lookup table the rows' weighted squares, per generic parameter its
+    weighted squares, and the tied probes' rows summed over these directions.
 
-    def __init__(self, capture: CapturedForward, directions: int, ghost_budget_bytes: int):
+    Why: a response's refining round takes each position's leading directions to 90% of its trace, and
+    the exact pass used to spend them again (about a sixth of its directions on SmolLM2 on the policy);
+    M is what they leave that the exact pass can add to, o r (r + 1) / 2 values per block, against the
+    o i of their squares."""
+
+    directions: int  # the group's leading directions these hold
+    ghost: dict[int, torch.Tensor]  # block index -> M as ``ghost_moments`` keeps it
+    table_rows: dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> ([c] ids, [c, o])
+    generic: dict[str, torch.Tensor]
+    # what the moments were formed on: each block's (name, slice, rows), each table's ids looked up
+    blocks: list[tuple[str, int | None, int]]
+    lookups: dict[str, torch.Tensor]
+    probes: dict[str, torch.Tensor] = field(default_factory=dict)  # probe name -> [d] float64
+
+    def fits(self, capture: CapturedForward) -> bool:
+        """Whether ``capture`` is a forward of the same rows (a later pass's own forward of the context):
+        the same blocks with as many rows, the same ids looked up."""
+        return _blocks_of(capture) == self.blocks and all(
+            torch.equal(_lookups_of(capture)[name], ids) for name, ids in self.lookups.items()
+        )
+
+    def nbytes(self) -> int:
+        arrays = [*self.ghost.values(), *self.generic.values(), *self.probes.values()]
+        arrays += [rows for _, rows in self.table_rows.values()]
+        return sum(a.numel() * a.element_size() for a in arrays)
+
+
+def carried_bytes(capture: CapturedForward) -> int:
+    """What ``CarriedSquares`` of ``capture``'s context holds: its blocks' ghost moments (the rest, a few
+    rows and norm vectors, is small beside them)."""
+    return sum(
+        block.uses[0].output.shape[-1] * ghost_entries(block.feature.shape[0]) * block.feature.element_size()
+        for block in capture.matrices
+    )
+
+
+def carries_to_a_forward_of_its_own(capture: CapturedForward) -> bool:
+    """Whether a later pass's own forward of the context has the same rows as ``capture`` (read at a
+    position of a longer forward, ``CapturedForward.at``): not where an expert's rows are the tokens
+    routed to it, which a longer forward keeps whole."""
+    return all(block.slice is None for block in capture.matrices)
+
+
+def _blocks_of(capture: CapturedForward) -> list[tuple[str, int | None, int]]:
+    return [(block.name, block.slice, int(block.feature.shape[0])) for block in capture.matrices]
+
+
+def _lookups_of(capture: CapturedForward) -> dict[str, torch.Tensor]:
+    return {block.name: block.indices for block in capture.embeddings}
+
+
+def add_table_rows(
+    table_rows: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    block: EmbeddingBlock,
+    unique: torch.Tensor,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+) -> None:
+    """A lookup's weighted squares, [c, o] for the ids it read (``unique``), added to its table's."""
+    value = torch.einsum("b,bco->co", weights, rows.square())
+    if block.name in table_rows:
+        table_rows[block.name][1].add_(value)
+    else:
+        table_rows[block.name] = (unique, value)
+
+
+class SquareAccumulator:
+    """sum_j w_j (d(v_j^T h)/dtheta)^2 for one square group, over every block and generic parameter;
+    ``carried``: its leading directions done by an earlier pass of this context, which this one adds to
+    (every block's M folds into its squares at the end, a ghost block's taking this pass's moments first)."""
+
+    def __init__(
+        self,
+        capture: CapturedForward,
+        directions: int,
+        ghost_budget_bytes: int,
+        carried: CarriedSquares | None = None,
+    ):
         self.sums = ParameterSums(capture.shapes)
         self.ghost_blocks: set[int] = set()  # blocks whose squares take the ghost form
         # M [o, r, s] of ghost blocks between chunks; a group's last chunk folds M into the sums at once,
@@ -193,6 +276,11 @@ class SquareAccumulator:
             if ghost_bytes <= budget:
                 budget -= ghost_bytes
                 self.ghost_blocks.add(index)
+        if carried is not None:
+            self.ghost.update(carried.ghost)
+            self.table_rows.update(carried.table_rows)
+            for name, value in carried.generic.items():
+                self.sums.add(name, value)
 
     def add_matrix(
         self,
@@ -220,11 +308,7 @@ class SquareAccumulator:
 
     def add_embedding(self, block: EmbeddingBlock, unique: torch.Tensor, rows: torch.Tensor, weights) -> None:
         """Only the looked-up rows carry anything: summed as [c, o] rows, made dense in ``finalize``."""
-        value = torch.einsum("b,bco->co", weights, rows.square())
-        if block.name in self.table_rows:
-            self.table_rows[block.name][1].add_(value)
-        else:
-            self.table_rows[block.name] = (unique, value)
+        add_table_rows(self.table_rows, block, unique, rows, weights)
 
     def add_generic(self, name: str, grad: torch.Tensor, weights: torch.Tensor) -> None:
         self.sums.add(name, torch.einsum("b,b...->...", weights, grad.square()))
@@ -292,3 +376,68 @@ class SquareTotals:
         """Each tensor's total as a float64 scalar (a tensor the directions did not reach: absent)."""
         values = {name: torch.tensor(total, dtype=torch.float64) for name, total in self.totals.items()}
         return ParameterSums({}, values)
+
+
+class CarryingTotals(SquareTotals):
+    """``SquareTotals`` that keeps what its directions leave for a later pass of the same context
+    (``CarriedSquares``): every block's ghost moments M, from which its total is read
+    (sum_{r,s} (X X^T)_{rs} sum_o M_{o,r,s}), the tables' rows and the generic parameters' squares.
+
+    Why M and not the directions' Gram: a Gram of r rows summed over the outputs is all a total needs,
+    but a later pass adds its own directions per output; forming M costs the same b o r^2."""
+
+    def __init__(self, capture: CapturedForward, directions: int) -> None:
+        super().__init__()
+        self.directions = directions
+        self.ghost_blocks = frozenset(range(len(capture.matrices)))
+        self.blocks = _blocks_of(capture)
+        self.lookups = _lookups_of(capture)
+        self.table_rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.generic: dict[str, torch.Tensor] = {}
+
+    def add_matrix(
+        self,
+        index: int,
+        block: MatrixBlock,
+        delta: torch.Tensor,
+        weights: torch.Tensor,
+        last: bool,
+        moments: torch.Tensor | None = None,
+    ) -> None:
+        m = moments if moments is not None else ghost_moments(delta, weights, self.ghost.get(index))
+        self.ghost[index] = m
+
+    def add_embedding(self, block: EmbeddingBlock, unique: torch.Tensor, rows: torch.Tensor, weights) -> None:
+        add_table_rows(self.table_rows, block, unique, rows, weights)
+
+    def add_generic(self, name: str, grad: torch.Tensor, weights: torch.Tensor) -> None:
+        value = torch.einsum("b,b...->...", weights, grad.square())
+        self.generic[name] = value if name not in self.generic else self.generic[name].add_(value)
+
+    def finalize(self, capture: CapturedForward, keep: bool = False) -> ParameterSums:
+        self.totals = {}
+        for index, m in self.ghost.items():
+            block = capture.matrices[index]
+            self._add(block.name, ghost_total(m, block.feature))
+        for name, (_, rows) in self.table_rows.items():
+            self._add(name, float(rows.double().sum()))
+        for name, value in self.generic.items():
+            self._add(name, float(value.double().sum()))
+        return super().finalize(capture, keep)
+
+    def carried(self, probes: dict[str, torch.Tensor]) -> CarriedSquares:
+        """What a later pass of this context continues from, the tied probes' rows given."""
+        return CarriedSquares(
+            self.directions, self.ghost, self.table_rows, self.generic, self.blocks, self.lookups, probes
+        )
+
+
+def ghost_total(m: torch.Tensor, x: torch.Tensor) -> float:
+    """sum_{o,i} of ``ghost_squares(m, x)`` without forming it: M summed over its outputs, against the
+    features' Gram (float64)."""
+    gram = x.double() @ x.double().T
+    if m.dim() == 3:  # [o, r, r]
+        return float((m.sum(0, dtype=torch.float64) * gram).sum())
+    first, second = torch.triu_indices(x.shape[0], x.shape[0], device=x.device)
+    twice = torch.where(first == second, 1.0, 2.0).to(torch.float64)
+    return float((m.sum(1, dtype=torch.float64) * gram[first, second] * twice).sum())

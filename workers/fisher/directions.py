@@ -31,6 +31,8 @@ import torch
 from workers.fisher import cpu_kernels
 from workers.fisher.batched_backward import batched_grad
 from workers.fisher.block_squares import (
+    CarriedSquares,
+    CarryingTotals,
     SquareAccumulator,
     SquareTotals,
     embedding_rows,
@@ -69,6 +71,11 @@ class SquareGroup:
     weights: torch.Tensor  # [r]
     # each tensor's total alone, a float64 scalar (``SquareTotals``): a response's first pass
     totals_only: bool = False
+    # with ``totals_only``, also what these directions leave for a later pass of the context
+    # (``CarryingTotals``, in ``DirectionResults.carried``): a response's refining round
+    carry: bool = False
+    # the group's leading directions, done by an earlier pass of this context: these are the rest
+    carried: CarriedSquares | None = None
 
 
 @dataclass
@@ -85,6 +92,8 @@ class EmbeddingRowProbe:
     vector: torch.Tensor  # [d]
     group: int = 0  # the square group whose directions ``coordinates`` refer to
     coordinates: torch.Tensor | None = None  # [r] float64 <v, v_j>; None: a backward of its own
+    # with coordinates: the row over the group's directions an earlier pass did (``CarriedSquares``)
+    start: torch.Tensor | None = None
 
 
 @dataclass
@@ -94,6 +103,8 @@ class DirectionResults:
     probes: dict[str, torch.Tensor] = field(default_factory=dict)  # [d] per probe
     # a snapshot's tensors that are still the running pass's sums (read, never write): group -> names
     lent: dict[str, set[str]] = field(default_factory=dict)
+    # group -> what its directions leave for a later pass of the context (``SquareGroup.carry``)
+    carried: dict[str, CarriedSquares] = field(default_factory=dict)
     directions: int = 0  # back-propagated by this process (all of them but under torchrun)
 
     def owns(self, group: str, name: str) -> bool:
@@ -164,6 +175,8 @@ class _DirectionPass:
             probe.name: torch.zeros(
                 capture.shapes[probe.param][-1], dtype=torch.float64, device=probe.vector.device
             )
+            if probe.start is None
+            else probe.start.clone()
             for probe in self.summed
         }
         dtype = capture.hidden.dtype
@@ -180,10 +193,7 @@ class _DirectionPass:
         for s in squares:
             self.square_offsets.append(self.square_offsets[-1] + s.vectors.shape[0])
         self.accumulators = [
-            SquareTotals()
-            if s.totals_only
-            else SquareAccumulator(capture, s.vectors.shape[0], memory_budget_bytes // max(len(squares), 1))
-            for s in squares
+            self._accumulator(s, memory_budget_bytes // max(len(squares), 1)) for s in squares
         ]
         # name -> the first moment's terms so far, per linear group (its small form, never parameter-sized)
         self.linear_terms: list[dict[str, Factored]] = [{} for _ in linears]
@@ -193,6 +203,12 @@ class _DirectionPass:
             for block in capture.embeddings
         }
         self.indices = {block.name: block.indices for block in capture.embeddings}
+
+    def _accumulator(self, group: SquareGroup, ghost_budget_bytes: int) -> SquareAccumulator | SquareTotals:
+        directions = int(group.vectors.shape[0])
+        if group.totals_only:
+            return CarryingTotals(self.capture, directions) if group.carry else SquareTotals()
+        return SquareAccumulator(self.capture, directions, ghost_budget_bytes, group.carried)
 
     def fold(self, start: int, count: int, grads: tuple) -> None:
         """Fold the gradients of directions start..start+count ([count, *target shape] per target)."""
@@ -330,10 +346,13 @@ class _DirectionPass:
         results.directions = directions
         for name, row in self.summed_rows.items():  # a snapshot's copy: the pass adds on into the row
             results.probes[name] = row.clone() if keep else row
-        for square, acc in zip(self.squares, self.accumulators, strict=True):
+        for g, (square, acc) in enumerate(zip(self.squares, self.accumulators, strict=True)):
             sums = acc.finalize(self.capture, keep)
             results.squares[square.name] = sums.values
             results.lent[square.name] = sums.lent
+            if isinstance(acc, CarryingTotals) and not keep:
+                rows = {p.name: self.summed_rows[p.name] for p in self.summed if p.group == g}
+                results.carried[square.name] = acc.carried(rows)
         for linear, terms in zip(self.linears, self.linear_terms, strict=True):
             # a snapshot shares the terms: they are never changed, only replaced by sums with more
             results.linears[linear.name] = FirstMoment(terms)

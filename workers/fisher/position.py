@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from backend.vocabulary import Method
+from workers.fisher.block_squares import CarriedSquares
 from workers.fisher.capture import (
     CapturedForward,
     UnsupportedArchitecture,
@@ -83,6 +84,9 @@ class PositionMoments:
     reward_std: float | None = None
     fisher_zero: bool = False  # the centered Fisher is identically 0 (one-hot mu)
     directions: int = 0  # back-propagated by this process
+    # per Fisher, what its directions leave for a later pass of this context (``PositionWork.of``'s
+    # ``carry``): a response's refining round, for its exact pass
+    carried: dict[str, CarriedSquares] | None = None
 
 
 @dataclass
@@ -150,11 +154,14 @@ def position_moments(
     progress: Callable[[float], None] | None = None,
     on_partial: PartialCallback | None = None,
     planned: FisherPlans | None = None,
+    carried: dict[str, CarriedSquares] | None = None,
 ) -> PositionMoments:
     """Every base moment at the last position of ``inputs.context_ids``.
 
     ``planned``: this position's ``fisher_plans``, when already made (a response's first pass makes
     them, cut to a first chunk of directions by ``FisherPlans.leading``, and its exact pass reuses them).
+    ``carried``: per Fisher, its leading directions of ``planned`` as an earlier pass left them
+    (``PositionWork.of``).
 
     ``on_partial(moments, kept_share)``, when given, is called after each chunk of directions but the
     last: ``moments()`` assembles what the directions so far give (the result of C_q truncated to them:
@@ -162,7 +169,7 @@ def position_moments(
     exact; read before ``on_partial`` returns), ``kept_share`` is the share of trace(C_mu) they carry.
     """
     capture = capture or capture_forward(model, inputs.context_ids)
-    work = PositionWork.of(model, inputs, method, capture, planned)
+    work = PositionWork.of(model, inputs, method, capture, planned, carried=carried)
     results = backprop_directions(
         capture,
         capture.position,
@@ -173,6 +180,7 @@ def position_moments(
         progress=progress,
         on_chunk=None if on_partial is None else _partial_per_chunk(work.plan_mu, work.build, on_partial),
     )
+    results.directions += work.earlier_directions
     return work.build(results)
 
 
@@ -206,6 +214,8 @@ class PositionWork:
     probes: list[EmbeddingRowProbe]
     plan_mu: SecondMomentPlan
     build: _Assembly
+    # the Fisher's directions an earlier pass back-propagated (``carried``), counted as this position's
+    earlier_directions: int = 0
 
     @classmethod
     def of(
@@ -216,19 +226,39 @@ class PositionWork:
         capture: CapturedForward,
         planned: FisherPlans | None = None,
         fisher_totals: bool = False,
+        *,
+        carry: bool = False,
+        carried: dict[str, CarriedSquares] | None = None,
     ) -> PositionWork:
         """``fisher_totals``: of each Fisher only its tensors' totals (float64 scalars), never formed
         (``SquareTotals``): what a response's first pass keeps of a position without a reward (the
-        bound, std(r) sum sqrt(F), needs F per parameter)."""
+        bound, std(r) sum sqrt(F), needs F per parameter). ``carry``: with them, what the directions
+        leave for a later pass of the context (``PositionMoments.carried``).
+
+        ``carried``: per Fisher, the leading directions of ``planned`` that an earlier pass did: only
+        the others go back, added to what it left. Taken where ``capture`` has the same rows as the
+        forward they were done on (``CarriedSquares.fits``), else every direction goes back."""
         if fisher_totals and inputs.reward is not None:
             raise ValueError("the bound needs the Fisher per parameter: not its totals alone")
+        if carried is not None and planned is None:
+            raise ValueError("carried directions are of given plans")
+        carried = {name: c for name, c in (carried or {}).items() if c.fits(capture)}
         layout = HeadLayout.of(model)
         h = capture.hidden[capture.position].detach()
         jacobian = position_jacobian(model, capture)
         planned = planned or _fisher_plans(layout, inputs, capture, jacobian, method)
         cov_mu, p_row, plans = planned.cov_mu, planned.p_row, planned.plans
+        done = {name: c.directions for name, c in carried.items()}
         squares = [
-            SquareGroup(name, plan.vectors, plan.weights, fisher_totals) for name, plan in plans.items()
+            SquareGroup(
+                name,
+                plan.vectors[done.get(name, 0) :],
+                plan.weights[done.get(name, 0) :],
+                fisher_totals,
+                carry=carry,
+                carried=carried.get(name),
+            )
+            for name, plan in plans.items()
         ]
         linears = [LinearGroup("kbar_mu", cov_mu.mean_row)]
         if not inputs.on_policy:
@@ -236,9 +266,10 @@ class PositionWork:
         reward_mean, reward_std, policy_grad = _reward_direction(inputs, jacobian)
         if policy_grad is not None:
             linears.append(policy_grad)
-        probes = _tied_row_probes(layout, plans)
+        probes = _tied_row_probes(layout, plans, carried)
         build = _Assembly(layout, h, jacobian, inputs, plans, cov_mu, reward_mean, reward_std, fisher_totals)
-        return cls(inputs, capture, squares, linears, probes, plans["fisher"], build)
+        earlier = sum(done.values())
+        return cls(inputs, capture, squares, linears, probes, plans["fisher"], build, earlier)
 
 
 @dataclass
@@ -350,22 +381,33 @@ def _reward_direction(
     return reward_mean, reward_std, LinearGroup("policy_grad", jacobian.combine(inputs.mu * centered_reward))
 
 
-def _tied_row_probes(layout: HeadLayout, plans: dict[str, SecondMomentPlan]) -> list[EmbeddingRowProbe]:
-    """The tied cross term's probes: per Fisher, one per table row the context reads."""
+def _tied_row_probes(
+    layout: HeadLayout, plans: dict[str, SecondMomentPlan], carried: dict[str, CarriedSquares]
+) -> list[EmbeddingRowProbe]:
+    """The tied cross term's probes: per Fisher, one per table row the context reads. Of a Fisher whose
+    leading directions were carried, a probe summed from coordinates takes the rest's and starts from
+    the carried row (a probe with a backward of its own is whole without it)."""
     # a probe is summed from its group's per-direction rows where those directions are a complete basis
     # (exact, full-rank C_q): one backward per prefix token less (25 of 601 directions at 32 tokens)
-    return [
-        EmbeddingRowProbe(
-            f"{name}:{c}",
-            layout.head_name,
-            c,
-            vector,
-            group=group,
-            coordinates=plan.vectors @ vector if plan.complete_basis or plan.probes_on_kept else None,
-        )
-        for group, (name, plan) in enumerate(plans.items())
-        for c, vector in plan.probes.items()
-    ]
+    probes = []
+    for group, (name, plan) in enumerate(plans.items()):
+        earlier = carried.get(name)
+        done = 0 if earlier is None else earlier.directions
+        summed = plan.complete_basis or plan.probes_on_kept
+        for c, vector in plan.probes.items():
+            key = f"{name}:{c}"
+            probes.append(
+                EmbeddingRowProbe(
+                    key,
+                    layout.head_name,
+                    c,
+                    vector,
+                    group=group,
+                    coordinates=plan.vectors[done:] @ vector if summed else None,
+                    start=earlier.probes[key] if summed and earlier is not None else None,
+                )
+            )
+    return probes
 
 
 def _partial_per_chunk(
@@ -446,6 +488,7 @@ class _Assembly:
             reward_std=self.reward_std,
             fisher_zero=self.cov_mu.support <= 1,  # a point mass has no variance: every Fisher is 0
             directions=results.directions,
+            carried=results.carried or None,
         )
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from backend.vocabulary import Method, takes_a_first_pass
+from workers.fisher.block_squares import CarriedSquares, carried_bytes, carries_to_a_forward_of_its_own
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.covariance import OutputCovariance, head_row_norms, mean_logit_rows
 from workers.fisher.first_moments import FeatureGrams
@@ -286,6 +287,7 @@ def analyze_sequence(
             progress=chunk_progress,
             on_partial=partial,
             planned=None if first_pass is None else first_pass.take_plans(t),
+            carried=None if first_pass is None else first_pass.take_carried(t),
         )
         del capture
         record = _record(inputs, moments, target, tensor_totals(moments, inputs.on_policy))
@@ -380,7 +382,9 @@ class _FirstPass:
     memory_budget_bytes: int
     per_tensor: list[dict[str, dict[str, float]]] = field(default_factory=list)  # each position's totals
     row_norms: torch.Tensor | None = None  # |w_a|^2 of the head's rows, read once
-    kept_bytes: int = 0  # what the kept plans hold
+    kept_bytes: int = 0  # what the kept plans and carried squares hold
+    # position -> its refining round's directions as the exact pass continues them, per Fisher
+    carried: dict[int, dict[str, CarriedSquares]] = field(default_factory=dict)
 
     @classmethod
     def run(
@@ -483,12 +487,19 @@ class _FirstPass:
             for found in rows
         ]
 
+    def _keeps(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more are kept for a later pass: what the passes keep (plans, carried
+        squares) stays within one workspace (``memory_budget_bytes``) beside the direction chunk's (a
+        64-token response on a 2048-wide model would hold 4 GB of plans alone)."""
+        if self.kept_bytes + nbytes > self.memory_budget_bytes:
+            return False
+        self.kept_bytes += nbytes
+        return True
+
     def _keep_plans(self, t: int, planned: FisherPlans) -> None:
         """Keep position t's plans for later passes where whole (not a first pass's lower bound) and within
-        half the workspace (a 64-token response on a 2048-wide model would hold 4 GB); the others are
-        made again."""
-        if planned.whole and self.kept_bytes + planned.nbytes() <= self.memory_budget_bytes // 2:
-            self.kept_bytes += planned.nbytes()
+        the kept workspace (``_keeps``); the others are made again."""
+        if planned.whole and self._keeps(planned.nbytes()):
             self.plans[t] = planned
 
     def _model_part(self) -> None:
@@ -512,7 +523,9 @@ class _FirstPass:
         takes tens to a hundred directions to 90%.
 
         Why: the exact pass finishes positions one after another, so the last reached 90% of its trace
-        only at the end; the round costs its directions once more (the exact pass repeats them)."""
+        only at the end. The exact pass continues from what a position's round directions leave
+        (``CarriedSquares``, kept within the workspace, ``_keeps_carried``) and spends them again only
+        where that was not kept."""
         records = self.analysis.positions
         todo = [t for t, record in enumerate(records) if record.kept_share < REFINED_SHARE]
         if self.reward is not None or not todo or self.whole is None:
@@ -531,7 +544,8 @@ class _FirstPass:
                 rows = capture.position + 1
                 if leading.directions * (whole.length - rows) > FORWARD_DIRECTIONS * whole.length:
                     capture = capture_forward(forward.model, inputs.context_ids)
-                yield PositionWork.of(forward.model, inputs, self.method, capture, leading, True)
+                carry = self._keeps_carried(t, capture)
+                yield PositionWork.of(forward.model, inputs, self.method, capture, leading, True, carry=carry)
 
         for done, (t, (work, moments)) in enumerate(
             zip(todo, positions_moments(works(), self.memory_budget_bytes), strict=True)
@@ -540,11 +554,22 @@ class _FirstPass:
             per_tensor["fisher"] = _fisher_totals(moments)
             self.per_tensor[t] = per_tensor
             records[t] = _record(work.inputs, moments, forward.target(t), per_tensor)
+            if moments.carried is not None:
+                self.carried[t] = moments.carried
             self.analysis.directions += moments.directions
             del work, moments
             report("refining", (done + 1) / len(todo))
         self._model_part()
         return True
+
+    def _keeps_carried(self, t: int, capture: CapturedForward) -> bool:
+        """Whether position t's round keeps what its directions leave for the exact pass: where its plans
+        are kept (the exact pass's directions are then the same), a forward of the context alone has
+        the same rows, and within the kept workspace (``_keeps``). First come, first kept: the shortest
+        contexts, whose moments cost the fewest bytes per direction saved."""
+        if self.plans[t] is None or not carries_to_a_forward_of_its_own(capture):
+            return False
+        return self._keeps(carried_bytes(capture))
 
     def release(self) -> None:
         """The response's forward is no longer needed (the exact pass captures each context)."""
@@ -554,6 +579,10 @@ class _FirstPass:
         """Position t's plans, handed over once to the exact pass."""
         planned, self.plans[t] = self.plans[t], None
         return planned
+
+    def take_carried(self, t: int) -> dict[str, CarriedSquares] | None:
+        """Position t's refining directions as the exact pass continues them, handed over once."""
+        return self.carried.pop(t, None)
 
     def finished(self, t: int, record: PositionRecord) -> None:
         """Position t is exact: its record replaces the first pass's."""
