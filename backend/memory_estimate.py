@@ -20,6 +20,7 @@ from typing import Protocol
 from backend.normalize import RequestError
 from backend.schemas import AnalysisJob
 from backend.settings import Settings
+from backend.square_forms import ghost_entries
 from backend.vocabulary import PIECE_VALUES, takes_a_first_pass
 
 VALUE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -80,8 +81,8 @@ def kept_between_passes(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int
     """What a response's first pass keeps for its exact pass (``response._FirstPass``), at most a
     workspace's worth (``chunk_bytes``): per position its plans (C_mu's eigenvectors, each Fisher's
     directions: d x d float64 each, and a float64 row of the vocabulary per Fisher) and its refining
-    round's ghost moments, n (n + 1) / 2 values per block output, of which there are fewer than the
-    parameters over d_model."""
+    round's ghost moments per Fisher, ``ghost_entries(n)`` values per block output, of which there are
+    fewer than the parameters over d_model."""
     lengths = context_lengths(job)
     if not takes_a_first_pass(job.method, job.sampler, len(lengths)):
         return 0
@@ -89,7 +90,7 @@ def kept_between_passes(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int
     plans = 8 * ((1 + fishers) * model.d_model**2 + fishers * model.vocab_size)
     outputs = model.n_params // model.d_model
     value = VALUE_BYTES.get(job.dtype, 4)
-    return min(chunk_bytes, sum(plans + outputs * n * (n + 1) // 2 * value for n in lengths))
+    return min(chunk_bytes, sum(plans + fishers * outputs * ghost_entries(n) * value for n in lengths))
 
 
 def parameter_sized_sums(job: AnalysisJob) -> int:

@@ -402,8 +402,8 @@ def _backward_rows(monkeypatch, model, sampler: Sampler, rho: bool) -> tuple[Seq
 
 
 def test_where_the_workspace_keeps_none_of_the_rounds_directions_the_exact_pass_repeats_them(monkeypatch):
-    """Beyond the kept half of the workspace the round leaves nothing: the exact pass runs every
-    direction, and the result is the analysis's without partial results bit for bit."""
+    """Beyond the workspace's worth kept between passes the round leaves nothing: the exact pass runs
+    every direction, and the result is the analysis's without partial results bit for bit."""
     monkeypatch.setattr(response, "carried_bytes", lambda capture: 2 * BUDGET)
     model = tiny_llama(tied=True)
     sampler = Sampler()

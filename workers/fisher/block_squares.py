@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backend.square_forms import direct_cost, ghost_cost
+from backend.square_forms import GHOST_ROWWISE_MAX_ROWS, direct_cost, ghost_cost, ghost_entries
 from workers.fisher import cpu_kernels, recycled
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
 
@@ -73,15 +73,6 @@ def ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return m_pairs.T @ features  # [o, i]
 
 
-# up to here M's pairs by rows (a compiled kernel, one core, blocks shared among threads) beat a batch of
-# tiny Grams (one per output), and keep half the memory ([pairs, o], not [o, r, r]), so that more blocks
-# take the ghost form within its budget: at 32 rows two to three times faster, at 64 a tie, and SmolLM2
-# exact at 64 tokens a fifth faster with rows up to 64 than with Grams past 32. With the kernel's
-# register blocks rows win past 64 too; left at 64 until a long exact prefix is measured with them, as
-# the cost model's ghost term was fitted up to 64
-GHOST_ROWWISE_MAX_ROWS = 64
-
-
 def ghost_moments(
     delta: torch.Tensor, weights: torch.Tensor, into: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -109,11 +100,6 @@ def ghost_moments(
 def ghost_moments_compiled(delta: torch.Tensor) -> bool:
     """Whether ``ghost_moments`` runs a compiled loop (one core) rather than torch's ops."""
     return cpu_kernels.compiled_for(delta) and delta.shape[1] <= GHOST_ROWWISE_MAX_ROWS
-
-
-def ghost_entries(rows: int) -> int:
-    """Entries of M per output as ``ghost_moments`` keeps it."""
-    return rows * (rows + 1) // 2 if rows <= GHOST_ROWWISE_MAX_ROWS else rows * rows
 
 
 def pair_moments_by_rows(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -205,12 +191,19 @@ class CarriedSquares:
 
 
 def carried_bytes(capture: CapturedForward) -> int:
-    """What ``CarriedSquares`` of ``capture``'s context holds: its blocks' ghost moments (the rest, a few
-    rows and norm vectors, is small beside them)."""
-    return sum(
+    """What ``CarriedSquares`` of ``capture``'s context holds, at most: its blocks' ghost moments, a
+    row per lookup of each table, the generic parameters' squares, and a float64 probe row per lookup."""
+    size = capture.hidden.element_size()
+    moments = sum(
         block.uses[0].output.shape[-1] * ghost_entries(block.feature.shape[0]) * block.feature.element_size()
         for block in capture.matrices
     )
+    lookups = sum(
+        int(block.indices.numel()) * capture.shapes[block.name][-1] * (size + 8)
+        for block in capture.embeddings
+    )
+    generic = sum(param.numel() * size for param in capture.generic.values())
+    return moments + lookups + generic
 
 
 def carries_to_a_forward_of_its_own(capture: CapturedForward) -> bool:

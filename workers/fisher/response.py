@@ -567,9 +567,10 @@ class _FirstPass:
         are kept (the exact pass's directions are then the same), a forward of the context alone has
         the same rows, and within the kept workspace (``_keeps``). First come, first kept: the shortest
         contexts, whose moments cost the fewest bytes per direction saved."""
-        if self.plans[t] is None or not carries_to_a_forward_of_its_own(capture):
+        planned = self.plans[t]
+        if planned is None or not carries_to_a_forward_of_its_own(capture):
             return False
-        return self._keeps(carried_bytes(capture))
+        return self._keeps(len(planned.plans) * carried_bytes(capture))  # each Fisher's moments
 
     def release(self) -> None:
         """The response's forward is no longer needed (the exact pass captures each context)."""
