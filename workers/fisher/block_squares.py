@@ -65,12 +65,19 @@ def direct_squares(x: torch.Tensor, delta: torch.Tensor, weights: torch.Tensor) 
 def ghost_squares(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """f_{o,i} = sum_{r,s} X_{r,i} X_{s,i} M_{o,r,s}, over M's pairs r <= s (M is symmetric); ``m`` is M
     as ``ghost_moments`` keeps it: its pairs [pairs, o], or the whole [o, r, r]."""
-    first, second = torch.triu_indices(x.shape[0], x.shape[0], device=x.device)  # r <= s, row-major
+    first, second, twice = _pairs(x.shape[0], x.device, x.dtype)
     m_pairs = m if m.dim() == 2 else m[:, first, second].T
-    # an off-diagonal pair stands for (r, s) and (s, r)
-    twice = torch.where(first == second, 1.0, 2.0).to(x.dtype)
     features = x[first] * x[second] * twice[:, None]  # [pairs, i]
     return m_pairs.T @ features  # [o, i]
+
+
+def _pairs(
+    rows: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """M's pairs r <= s in row-major order (``ghost_moments``' layout), and each pair's count in the
+    symmetric sum: an off-diagonal pair stands for (r, s) and (s, r)."""
+    first, second = torch.triu_indices(rows, rows, device=device)
+    return first, second, torch.where(first == second, 1.0, 2.0).to(dtype)
 
 
 def ghost_moments(
@@ -180,8 +187,9 @@ class CarriedSquares:
     def fits(self, capture: CapturedForward) -> bool:
         """Whether ``capture`` is a forward of the same rows (a later pass's own forward of the context):
         the same blocks with as many rows, the same ids looked up."""
+        lookups = _lookups_of(capture)
         return _blocks_of(capture) == self.blocks and all(
-            torch.equal(_lookups_of(capture)[name], ids) for name, ids in self.lookups.items()
+            torch.equal(lookups[name], ids) for name, ids in self.lookups.items()
         )
 
     def nbytes(self) -> int:
@@ -431,6 +439,5 @@ def ghost_total(m: torch.Tensor, x: torch.Tensor) -> float:
     gram = x.double() @ x.double().T
     if m.dim() == 3:  # [o, r, r]
         return float((m.sum(0, dtype=torch.float64) * gram).sum())
-    first, second = torch.triu_indices(x.shape[0], x.shape[0], device=x.device)
-    twice = torch.where(first == second, 1.0, 2.0).to(torch.float64)
+    first, second, twice = _pairs(x.shape[0], x.device, torch.float64)
     return float((m.sum(1, dtype=torch.float64) * gram[first, second] * twice).sum())
