@@ -276,6 +276,26 @@ def test_with_a_reward_the_first_pass_has_no_refining_round():
     assert len(kept) == RESPONSE.numel() and kept[0] < response.REFINED_SHARE
 
 
+def test_the_first_pass_reads_the_forward_the_logits_came_from():
+    """The model runs once for the response's logits and its first pass, then once per position (a
+    reward: no refining round, whose positions may take forwards of their own)."""
+    model = tiny_llama(tied=False)
+    reward = torch.zeros(model.config.vocab_size, dtype=torch.float64)
+    reward[[4, 9]] = 1.0
+    forwards: list[int] = []
+    handle = model.register_forward_hook(
+        lambda module, args, kwargs, out: forwards.append(1), with_kwargs=True
+    )
+    try:
+        analyze_sequence(
+            model, PREFIX, RESPONSE, Sampler(temperature=0.7), Method(), reward, memory_budget_bytes=BUDGET,
+            on_partial=lambda snapshot, share: None,
+        )  # fmt: skip
+    finally:
+        handle.remove()
+    assert len(forwards) == 1 + RESPONSE.numel()
+
+
 def test_a_partials_tied_cross_term_is_that_of_the_directions_kept():
     """A plan cut to its leading directions sums each probe's row from its coordinates on them: the same
     Fisher as back-propagating the probe projected onto those directions, under top-k (whose directions

@@ -155,6 +155,11 @@ def _position_totals(per_tensor: dict[str, dict[str, float]]) -> dict[str, float
     return totals
 
 
+def analysed_positions(continuation_ids: torch.Tensor) -> int:
+    """A response's positions, or the prefix's next token (one) without a response."""
+    return max(1, continuation_ids.numel())
+
+
 @dataclass
 class SequenceForward:
     """The analysed context's forward: each position's target, p and mu, and its captured forward.
@@ -171,7 +176,9 @@ class SequenceForward:
     sampler: Sampler
     logits: torch.Tensor  # [t, V] float64
     engine_logits: torch.Tensor | None
-    captured: CapturedForward | None  # a single position's, handed over by ``capture``
+    # the forward the logits came from, where captured: a single position's, handed over by ``capture``;
+    # a response's whole one, by ``take_whole`` to its first pass
+    captured: CapturedForward | None
 
     @classmethod
     def run(
@@ -181,15 +188,18 @@ class SequenceForward:
         continuation_ids: torch.Tensor,
         sampler: Sampler,
         engine_model: nn.Module | None = None,
+        *,
+        capture_whole: bool = False,
     ) -> SequenceForward:
+        """``capture_whole``: the whole context's forward is captured for a response's first pass."""
         full = torch.cat([prefix_ids, continuation_ids])
-        positions = max(1, continuation_ids.numel())
+        positions = analysed_positions(continuation_ids)
         first = prefix_ids.numel() - 1
         context = full[: first + positions]
-        # one position: its captured forward gives the logits too (the same computation, bit for bit),
-        # so the model runs once (~0.1-0.2 s of a short prefix's analysis on SmolLM2: its weights are read
-        # once)
-        captured = capture_forward(model, context) if positions == 1 else None
+        # a captured forward gives the logits too (the same computation, bit for bit), so the model runs
+        # once where one is needed: a single position's, a response's first pass's (~0.1-0.2 s on
+        # SmolLM2: its weights are read once)
+        captured = capture_forward(model, context) if positions == 1 or capture_whole else None
         logits = (
             next_token_logits(model, context) if captured is None else captured.logits[0].detach().double()
         )
@@ -215,6 +225,14 @@ class SequenceForward:
         once (the position frees it when it is done)."""
         captured, self.captured = self.captured, None
         return captured if captured is not None else capture_forward(self.model, self.context(t))
+
+    def take_whole(self) -> CapturedForward:
+        """The whole context's captured forward (every position read from it, ``CapturedForward.at``),
+        handed over once."""
+        captured, self.captured = self.captured, None
+        if captured is None:
+            captured = capture_forward(self.model, self.context(self.positions - 1))
+        return captured
 
 
 def analyze_sequence(
@@ -249,11 +267,14 @@ def analyze_sequence(
     layout = HeadLayout.of(model)
     report = progress or (lambda stage, fraction: None)
     report("forward", 0.0)
-    forward = SequenceForward.run(model, prefix_ids, continuation_ids, sampler, engine_model)
-    n_positions = forward.positions
+    n_positions = analysed_positions(continuation_ids)
+    first_pass_asked = on_partial is not None and _worth_a_first_pass(sampler, method, n_positions)
+    forward = SequenceForward.run(
+        model, prefix_ids, continuation_ids, sampler, engine_model, capture_whole=first_pass_asked
+    )
     result = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
     first_pass = None
-    if on_partial is not None and _worth_a_first_pass(sampler, method, n_positions):
+    if first_pass_asked and on_partial is not None:  # (the second: for the type checker)
         first_pass = _FirstPass.run(
             forward, layout, method, reward, fisher_under_p, memory_budget_bytes, report
         )
@@ -397,7 +418,7 @@ class _FirstPass:
         memory_budget_bytes: int,
         report: Progress,
     ) -> _FirstPass:
-        whole = capture_forward(forward.model, forward.context(forward.positions - 1))
+        whole = forward.take_whole()
         first = cls(
             SequenceAnalysis(MomentSums(layout.names, layout.shapes)),
             [],
