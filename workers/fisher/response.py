@@ -176,8 +176,8 @@ class SequenceForward:
     sampler: Sampler
     logits: torch.Tensor  # [t, V] float64
     engine_logits: torch.Tensor | None
-    # the forward the logits came from, where captured: a single position's, handed over by ``capture``;
-    # a response's whole one, by ``take_whole`` to its first pass
+    # the forward the logits came from, where captured (a single position's, a response's whole one for
+    # its first pass), until ``capture`` hands it over
     captured: CapturedForward | None
 
     @classmethod
@@ -221,18 +221,14 @@ class SequenceForward:
         )
 
     def capture(self, t: int) -> CapturedForward:
-        """Position t's captured forward: a single position's is the one the logits came from, handed over
-        once (the position frees it when it is done)."""
-        captured, self.captured = self.captured, None
-        return captured if captured is not None else capture_forward(self.model, self.context(t))
-
-    def take_whole(self) -> CapturedForward:
-        """The whole context's captured forward (every position read from it, ``CapturedForward.at``),
-        handed over once."""
-        captured, self.captured = self.captured, None
-        if captured is None:
-            captured = capture_forward(self.model, self.context(self.positions - 1))
-        return captured
+        """Position t's context's captured forward: the one the logits came from where it is that
+        context's (a single position's; the last position's, the whole context, which a response's first
+        pass reads every position from), handed over once (its taker frees it when it is done)."""
+        captured = self.captured
+        if captured is not None and captured.length == self.first + t + 1:
+            self.captured = None
+            return captured
+        return capture_forward(self.model, self.context(t))
 
 
 def analyze_sequence(
@@ -418,7 +414,7 @@ class _FirstPass:
         memory_budget_bytes: int,
         report: Progress,
     ) -> _FirstPass:
-        whole = forward.take_whole()
+        whole = forward.capture(forward.positions - 1)  # the whole context: every position's rows
         first = cls(
             SequenceAnalysis(MomentSums(layout.names, layout.shapes)),
             [],
