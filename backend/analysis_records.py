@@ -65,7 +65,12 @@ class AnalysisRecords(ModelCatalog):
         """Key and (unless cached, in flight or over the budget) enqueue a normalized job."""
         settings = self.settings
         estimate = estimate_cost(
-            info, job, self.flops_per_second(info.id), settings.engine_memory_bytes, partials=True
+            info,
+            job,
+            self.flops_per_second(info.id),
+            settings.engine_memory_bytes,
+            partials=True,
+            sums_memory_bytes=settings.sums_memory_bytes,
         )
         refuse_over_memory(info, job, settings)
         if estimate.flops > self.settings.budget_flops:

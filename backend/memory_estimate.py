@@ -43,17 +43,21 @@ class MeasuredModel(Protocol):
 @dataclass(frozen=True)
 class PeakMemory:
     weights: int
-    sums: int  # parameter-sized sums, in all
+    sums: int  # parameter-sized sums in memory
     workspace: int  # the summary's blocks, a direction chunk, the largest tensor, the runtime, the slack
+    # a response's sums beyond ``sums_memory_bytes``: memory-mapped files, pages the kernel can write out,
+    # so not in ``total``
+    mapped: int = 0
 
     @property
     def total(self) -> int:
         return self.weights + self.sums + self.workspace
 
     def line(self) -> str:
+        mapped = f"; {self.mapped / 1e9:.1f} GB more of sums in mapped files" if self.mapped else ""
         return (
             f"~{self.total / 1e9:.1f} GB at peak (weights {self.weights / 1e9:.1f}, "
-            f"sums {self.sums / 1e9:.1f}, workspace {self.workspace / 1e9:.1f})"
+            f"sums {self.sums / 1e9:.1f}, workspace {self.workspace / 1e9:.1f}{mapped})"
         )
 
 
@@ -112,7 +116,12 @@ def summary_tables(job: AnalysisJob) -> int:
     return 1 + (not job.sampler.is_on_policy) + (2 if job.reward else 0)
 
 
-def estimate_peak(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> PeakMemory:
+def estimate_peak(
+    model: MeasuredModel, job: AnalysisJob, chunk_bytes: int, sums_memory_bytes: int | None = None
+) -> PeakMemory:
+    """``sums_memory_bytes``: what a response's sums over positions may hold in memory, the rest mapped
+    from files (``workers.fisher.parameter_arrays.SumsStorage``: whole sums, in the order they are
+    made); None: all in memory."""
     value = VALUE_BYTES.get(job.dtype, 4)
     largest_values = model.vocab_size * model.d_model
     block = min(largest_values, PIECE_VALUES)
@@ -120,7 +129,17 @@ def estimate_peak(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> P
     slack = int(SLACK_BYTES_PER_PARAM * model.n_params)
     kept = kept_between_passes(model, job, chunk_bytes)
     workspace = summary + chunk_bytes + kept + largest_values * value + RUNTIME_BYTES + slack
-    return PeakMemory(model.n_params * value, parameter_sized_sums(job) * model.n_params * value, workspace)
+    arrays = parameter_sized_sums(job)
+    mapped = 0
+    if along_a_response(job) and sums_memory_bytes is not None:
+        kept = arrays - 1  # the position being added is its own array
+        mapped = max(0, kept - sums_memory_bytes // (model.n_params * value))
+    return PeakMemory(
+        model.n_params * value,
+        (arrays - mapped) * model.n_params * value,
+        workspace,
+        mapped * model.n_params * value,
+    )
 
 
 def machine_memory_bytes() -> int:
@@ -131,7 +150,9 @@ def machine_memory_bytes() -> int:
         return 0
 
 
-def what_would_fit(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int, limit: int) -> list[str]:
+def what_would_fit(
+    model: MeasuredModel, job: AnalysisJob, chunk_bytes: int, limit: int, sums_memory_bytes: int | None = None
+) -> list[str]:
     """The changes to ``job`` that bring its peak within ``limit``, each on its own."""
     variants = {
         "without rho": job.model_copy(update={"rho": False}),
@@ -145,16 +166,16 @@ def what_would_fit(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int, lim
     return [
         change
         for change, variant in variants.items()
-        if variant != job and estimate_peak(model, variant, chunk_bytes).total <= limit
+        if variant != job and estimate_peak(model, variant, chunk_bytes, sums_memory_bytes).total <= limit
     ]
 
 
 def refuse_over_memory(info: MeasuredModel, job: AnalysisJob, settings: Settings) -> None:
     """422 for an analysis whose estimated peak is above the memory limit, naming what would fit."""
     limit = settings.memory_limit_bytes or machine_memory_bytes()
-    peak = estimate_peak(info, job, settings.engine_memory_bytes)
+    peak = estimate_peak(info, job, settings.engine_memory_bytes, settings.sums_memory_bytes)
     if limit and peak.total > limit:
-        fits = what_would_fit(info, job, settings.engine_memory_bytes, limit)
+        fits = what_would_fit(info, job, settings.engine_memory_bytes, limit, settings.sums_memory_bytes)
         raise RequestError(
             f"this analysis needs {peak.line()}, over the memory limit of {limit / 1e9:.1f} GB "
             f"(FISHERSCOPE_MEMORY_LIMIT_BYTES); "

@@ -73,6 +73,15 @@ class Settings(BaseSettings):
     engine_memory_bytes: int = Field(
         default=1 << 30, description="memory one direction chunk of the engine may use (bytes)"
     )
+    sums_memory_bytes: int = Field(
+        default=4 << 30,
+        description="memory a response's sums over positions may use (each parameter-sized); the rest are "
+        "memory-mapped files in sums_dir, whose pages the kernel can write out (on the CPU)",
+    )
+    sums_dir: Path = Field(
+        default=Path.home() / ".cache" / "fisherscope" / "sums",
+        description="where the sums beyond sums_memory_bytes are mapped from (a file unlinked once mapped)",
+    )
     memory_limit_bytes: int | None = Field(
         default=None,
         description="an analysis whose estimated peak memory is above this is refused (unset: the memory "

@@ -7,12 +7,15 @@ directions the summary counts, and the floor 2 r P T at the float32 matmul rate 
 the model's width before its cases (the CLI's remembered rate may come from a busier moment). Cases:
 the 5-token prefix "She drank a cup of" at T 0.7, top-k 50 (the first answer: no rho), the same with
 `--rho`, on the policy, and a response of `--response-tokens` (64) at T 0.7, top-k 50 (its floor sums
-each position's directions over its own context). Each shape's runs share a cache folder of their own
-(``FISHERSCOPE_CACHE``): the model's certificate (once per load) is measured on its own first, by
-`fisherscope models add` (as the id ``bench``), and every case analyzes that id.
+each position's directions over its own context), exact and by 16 Monte Carlo directions per position
+(the same sums over positions, for the memory of a long response in minutes). Each shape's runs share
+a cache folder of their own (``FISHERSCOPE_CACHE``): the model's certificate (once per load) is
+measured on its own first, by `fisherscope models add` (as the id ``bench``), and every case analyzes
+that id. The peak of the CLI's anonymous memory is sampled beside its peak resident set, which counts
+the pages of a response's sums mapped from files (``--sums-memory-gb``: what they may hold in memory).
 
 Usage: .venv/bin/python benchmarks/bench_scale.py [--shapes qwen3-0.6b,qwen3-1.7b] [--cases ...]
-    [--memory-limit-gb G] [--response-tokens N]
+    [--memory-limit-gb G] [--response-tokens N] [--sums-memory-gb G]
 A case whose estimated peak is above the CLI's memory limit (the machine's memory, or G) is refused by
 the CLI, with the estimate; G above the machine's memory measures what the CLI would refuse.
 """
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ANON_POLL_S = 0.1
 PREFIX = "She drank a cup of"
 SHAPES: dict[str, dict] = {  # the real configs' sizes (Qwen3-0.6B, Qwen3-1.7B), tied embeddings
     "qwen3-0.6b": {"hidden_size": 1024, "num_hidden_layers": 28, "intermediate_size": 3072,
@@ -43,6 +47,8 @@ CASES: dict[str, list[str]] = {
     "top-k 50 T 0.7 rho": ["--temperature", "0.7", "--top-k", "50", "--rho"],
     "on-policy": [],
     "response top-k 50": ["--temperature", "0.7", "--top-k", "50"],  # and a continuation (``response``)
+    # the same sums over positions in a fraction of the time: the memory of a long response
+    "response top-k 50 mc:16": ["--temperature", "0.7", "--top-k", "50", "--method", "mc:16"],
 }
 # a response's text, cut to --response-tokens of SmolLM2's tokenizer (64 here); from its second position
 # on, the sums over positions are arrays, whatever its length
@@ -85,21 +91,45 @@ def build(shape: str, folder: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run_cli(arguments: list[str], cache: Path, limit: int | None = None) -> dict:
-    """One `fisherscope` run under `/usr/bin/time -v`: its peak RSS (GB) and wall seconds, or the CLI's
-    own error line (printed before /usr/bin/time's report)."""
+def _anonymous_kb(time_pid: int) -> int | None:
+    """RssAnon of the CLI, the child of ``/usr/bin/time`` (None before it starts or once it is gone)."""
+    try:
+        child = Path(f"/proc/{time_pid}/task/{time_pid}/children").read_text().split()
+        status = Path(f"/proc/{child[0]}/status").read_text() if child else ""
+    except OSError:
+        return None
+    found = re.search(r"RssAnon:\s+(\d+) kB", status)
+    return int(found.group(1)) if found else None
+
+
+def run_cli(
+    arguments: list[str], cache: Path, limit: int | None = None, sums_memory: int | None = None
+) -> dict:
+    """One `fisherscope` run under `/usr/bin/time -v`: its peak RSS (GB), the peak of its anonymous
+    memory (sampled every ``ANON_POLL_S``: the resident set counts the pages of a response's mapped sums
+    too, which the kernel can write out) and wall seconds, or the CLI's own error line (printed before
+    /usr/bin/time's report)."""
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "workers.cli", *arguments]
     environment = {**os.environ, "FISHERSCOPE_CACHE": str(cache)}
     if limit is not None:
         environment["FISHERSCOPE_MEMORY_LIMIT_BYTES"] = str(limit)
+    if sums_memory is not None:
+        environment["FISHERSCOPE_SUMS_MEMORY_BYTES"] = str(sums_memory)
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+    )
+    anonymous = 0
+    while process.poll() is None:
+        anonymous = max(anonymous, _anonymous_kb(process.pid) or 0)
+        time.sleep(ANON_POLL_S)
+    _, stderr = process.communicate()
     wall = time.perf_counter() - started
-    if done.returncode != 0:
-        said = [line for line in done.stderr.splitlines() if line.startswith("fisherscope")]
-        return {"error": said[-1] if said else f"exit status {done.returncode}"}
-    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
-    return {"peak_gb": peak_kb / 1e6, "wall": wall}
+    if process.returncode != 0:
+        said = [line for line in stderr.splitlines() if line.startswith("fisherscope")]
+        return {"error": said[-1] if said else f"exit status {process.returncode}"}
+    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr).group(1))
+    return {"peak_gb": peak_kb / 1e6, "anonymous_gb": anonymous / 1e6, "wall": wall}
 
 
 def run_certificate(folder: Path, cache: Path) -> dict:
@@ -107,10 +137,21 @@ def run_certificate(folder: Path, cache: Path) -> dict:
     return run_cli(["models", "add", "bench", str(folder)], cache)
 
 
-def run_case(model: str, flags: list[str], out: Path, rate: float, cache: Path, limit: int | None) -> dict:
-    """One analysis: peak RSS (GB), wall seconds, directions, the floor at ``rate``."""
+def run_case(
+    model: str,
+    flags: list[str],
+    out: Path,
+    rate: float,
+    cache: Path,
+    limit: int | None,
+    sums_memory: int | None,
+) -> dict:
+    """One analysis: peak RSS and anonymous memory (GB), wall seconds, directions, the floor at ``rate``."""
     found = run_cli(
-        ["analyze", "--model", model, "--prefix", PREFIX, "--summary", str(out), *flags], cache, limit
+        ["analyze", "--model", model, "--prefix", PREFIX, "--summary", str(out), *flags],
+        cache,
+        limit,
+        sums_memory,
     )
     if "error" in found:
         return found
@@ -130,7 +171,11 @@ def run_case(model: str, flags: list[str], out: Path, rate: float, cache: Path, 
 
 def peak(found: dict, n_params: int) -> str:
     over = found["peak_gb"] * 1e9 / (4 * n_params)
-    return f"peak {found['peak_gb']:5.1f} GB ({over:.1f}x the float32 weights)"
+    anonymous = found["anonymous_gb"] * 1e9 / (4 * n_params)
+    return (
+        f"peak {found['peak_gb']:5.1f} GB ({over:.1f}x the float32 weights; anonymous "
+        f"{found['anonymous_gb']:.1f} GB, {anonymous:.1f}x)"
+    )
 
 
 def main() -> None:
@@ -141,8 +186,15 @@ def main() -> None:
         "--memory-limit-gb", type=float, help="the CLI's memory limit (default: the machine's)"
     )
     parser.add_argument("--response-tokens", type=int, default=64, help="the response case's length")
+    parser.add_argument(
+        "--sums-memory-gb",
+        type=float,
+        help="what a response's sums may hold in memory, the rest mapped from files (default: the setting's; "
+        "1000 keeps them all in memory)",
+    )
     args = parser.parse_args()
     limit = None if args.memory_limit_gb is None else int(args.memory_limit_gb * 1e9)
+    sums_memory = None if args.sums_memory_gb is None else int(args.sums_memory_gb * 1e9)
     from workers.throughput import measure_width
 
     for shape in args.shapes.split(","):
@@ -166,7 +218,7 @@ def main() -> None:
                 flags = CASES[case] + (
                     ["--continuation", response(args.response_tokens)] * case.startswith("response")
                 )
-                found = run_case("bench", flags, summary, rate, cache, limit)
+                found = run_case("bench", flags, summary, rate, cache, limit, sums_memory)
                 if "error" in found:
                     print(f"  {case:<22} refused or failed: {found['error']}")
                     continue

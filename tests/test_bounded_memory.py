@@ -6,7 +6,9 @@ are still alive, at their peak, in parameter-sized units."""
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import weakref
 
 import pytest
@@ -20,6 +22,7 @@ from workers.fisher import first_moments
 from workers.fisher.certificate import certify
 from workers.fisher.first_moments import Factored
 from workers.fisher.model_summary import model_summary
+from workers.fisher.parameter_arrays import NoRoomForSums, SumsStorage
 from workers.fisher.position import HeadLayout, PositionInputs, position_moments
 from workers.fisher.response import analyze_sequence
 from workers.fisher.sampler import Sampler
@@ -52,9 +55,11 @@ class LiveArrays(TorchDispatchMode):
         return out
 
     def _count(self, tensor: torch.Tensor) -> None:
-        key = tensor.untyped_storage().data_ptr()
-        size = tensor.untyped_storage().nbytes()
-        if key in self.live or key in self.existing or size == 0:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        size = storage.nbytes()
+        # a mapped file's pages are the kernel's to write out, not the process's memory
+        if key in self.live or key in self.existing or size == 0 or storage.filename is not None:
             return
         self.live[key] = size
         self.now += size
@@ -329,3 +334,82 @@ def test_a_studys_mean_shift_added_in_blocks_of_rows_is_the_whole_tensors(monkey
     for stat in (StudyStat.mean_shift, StudyStat.mean_shift_sq, StudyStat.fisher):
         for name, value in whole.iter_stat(stat):
             torch.testing.assert_close(in_blocks.stat(stat, name), value, rtol=1e-12, atol=1e-15)
+
+
+def _response(model, storage: SumsStorage | None, first_pass: bool, workspace: int, tokens: int = 3):
+    """An off-policy response (the Fisher, the first moments and their squares summed over positions;
+    without a first pass, with a reward: its policy gradient and bound too), from the tensors alone:
+    its sums. ``tokens`` 0: the prefix of its last position, alone."""
+    ids = torch.tensor([3, 5, 8, 3, 11, 7, 2, 9])
+    prefix, continuation = ids[: 8 - max(tokens, 1)], ids[8 - tokens :]
+    vocab = model.get_output_embeddings().weight.shape[0]
+    # a first pass with a reward forms the Fisher of the positions it back-propagates together
+    reward = None if first_pass else torch.linspace(-1, 1, vocab, dtype=torch.float64)
+    analysis = analyze_sequence(
+        model, prefix, continuation, Sampler(temperature=0.7), Method(), reward,
+        memory_budget_bytes=workspace, fisher_under_p=False, sums_storage=storage,
+        on_partial=(lambda snapshot, kept: None) if first_pass else None,
+    )  # fmt: skip
+    return analysis.sums
+
+
+@pytest.mark.parametrize("first_pass", [False, True])
+def test_a_responses_sums_beyond_their_budget_are_mapped_files(model, tmp_path, monkeypatch, first_pass):
+    """The memory rule along a response: its sums over positions (up to seven parameter-sized arrays) live
+    in memory-mapped files beyond the storage's budget, so the process's own arrays are one position's
+    Fisher and a workspace, as a prefix's; the sums are bit for bit those kept in memory, and no file
+    is left in the folder."""
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    monkeypatch.setattr(first_moments, "FORMED_KEPT_BYTES", 2 * largest)
+    workspace = 2 * largest
+    with LiveArrays(model.parameters()) as in_memory:
+        expected = _response(model, None, first_pass, workspace)
+    storage = SumsStorage(tmp_path / "sums", memory_bytes=0)
+    with LiveArrays(model.parameters()) as counted:
+        found = _response(model, storage, first_pass, workspace)
+    with LiveArrays(model.parameters()) as one_position:
+        _response(model, None, first_pass, workspace, tokens=0)
+    assert found.sums.keys() == expected.sums.keys()
+    for key, table in found.sums.items():
+        for name in found.names:
+            value = table[name]
+            assert value.untyped_storage().filename is not None, (key, name)
+            assert torch.equal(value, expected.sums[key][name]), (key, name)
+    assert storage.in_memory == 0
+    assert storage.mapped == len(found.sums) * parameter_bytes
+    assert list((tmp_path / "sums").iterdir()) == []  # unlinked once mapped
+    # kept in memory the sums were most of the peak; mapped, what is left is what the response's longest
+    # context holds as a prefix (its Fisher, its first moments' small forms, a workspace), and what a
+    # first pass keeps for the exact pass (within a workspace again)
+    assert in_memory.peak > 5 * parameter_bytes, in_memory.peak / parameter_bytes
+    kept = workspace if first_pass else 0
+    assert counted.peak <= one_position.peak + kept + 2 * largest, (counted.peak, one_position.peak)
+
+
+def test_a_storage_keeps_sums_in_memory_within_its_budget(tmp_path):
+    names, shapes = ["a", "b"], {"a": (3, 4), "b": (5,)}
+    table_bytes = 17 * 4
+    storage = SumsStorage(tmp_path, memory_bytes=2 * table_bytes)
+    tables = [storage.table(stat, names, shapes, torch.float32, torch.device("cpu")) for stat in "xyz"]
+    assert tables[:2] == [None, None]  # in memory: each sum an array of its own
+    assert (storage.in_memory, storage.mapped) == (2 * table_bytes, table_bytes)
+    mapped = tables[2]
+    assert mapped is not None
+    assert {name: tuple(value.shape) for name, value in mapped.items()} == shapes  # views of one file
+    assert all(value.untyped_storage().filename is not None for value in mapped.values())
+    assert all(not value.any() for value in mapped.values())  # zeros
+
+
+def test_a_folder_without_room_for_a_sum_is_a_clear_error(tmp_path, monkeypatch):
+    """The blocks are reserved before the file is mapped: a disk without room is an error that says what
+    to change, not a SIGBUS at the first write; nothing is left in the folder."""
+
+    def full(descriptor, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    storage = SumsStorage(tmp_path, memory_bytes=0)
+    with pytest.raises(NoRoomForSums, match="no room for .* GB of sums .*FISHERSCOPE_SUMS_DIR"):
+        storage.table("fisher", ["a"], {"a": (1000, 1000)}, torch.float32, torch.device("cpu"))
+    assert list(tmp_path.iterdir()) == []

@@ -333,3 +333,17 @@ def test_the_summary_in_threads_is_the_summary_in_one_thread(tiny_random):
         torch.set_num_threads(threads)
     assert together == alone
     assert alone["top_coordinates"]["fisher"] and alone["overlap"] is not None
+
+
+def test_a_response_with_its_sums_in_mapped_files_has_the_same_summary(tiny_random, tmp_path):
+    """``FISHERSCOPE_SUMS_MEMORY_BYTES`` 0: every sum over positions a memory-mapped file in the sums
+    folder; the worker's summary (concentration, top coordinates, rho) is the one kept in memory, and
+    the folder is left empty."""
+    job = _job(tiny_random, continuation=" tea with milk", sampler=Sampler(temperature=0.7), rho=True)
+    in_memory = analyze_job(tiny_random, job, Settings()).summary
+    mapped_settings = Settings(sums_memory_bytes=0, sums_dir=tmp_path / "sums")
+    mapped = analyze_job(tiny_random, job, mapped_settings).summary
+    assert len(mapped["positions"]) == len(job.continuation_ids) > 1
+    for key in ("totals", "tensors", "concentration", "top_coordinates", "positions"):
+        assert mapped[key] == in_memory[key], key
+    assert list((tmp_path / "sums").iterdir()) == []

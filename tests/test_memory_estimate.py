@@ -19,6 +19,7 @@ from backend.vocabulary import Method, MethodName, Sampler
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.tiny_models import BUDGET, tiny_llama
 from workers.fisher import response
+from workers.fisher.parameter_arrays import SumsStorage
 from workers.fisher.response import analyze_sequence
 
 OFF_POLICY = Sampler(temperature=0.7)
@@ -125,6 +126,32 @@ def test_what_a_responses_first_pass_keeps_is_within_its_estimate(monkeypatch):
         == 0
     )
     assert kept_between_passes(SMOLLM2, _job(continuation_ids=list(range(64))), 1 << 30) == 1 << 30
+
+
+@pytest.mark.parametrize("tables_in_memory", [0, 2])
+def test_a_responses_sums_beyond_their_memory_are_mapped_as_the_engine_maps_them(tmp_path, tables_in_memory):
+    """Sums beyond ``sums_memory_bytes`` are memory-mapped files, not counted in the peak (the kernel
+    can write them out); the estimate maps as many as the engine's storage does."""
+    job = _job(continuation_ids=[4, 7, 9], sampler=OFF_POLICY, reward={"4": 1.0})
+    model = tiny_llama(tied=False, seed=2, vocab_size=41, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    info = type("Info", (), {"n_params": n_params, "d_model": 16, "vocab_size": 41})()
+    table = 4 * n_params
+    storage = SumsStorage(tmp_path, memory_bytes=tables_in_memory * table + table // 2)
+    reward = torch.zeros(41, dtype=torch.float64)
+    reward[4] = 1.0
+    analyze_sequence(
+        model, torch.tensor(job.input_ids), torch.tensor(job.continuation_ids), job.sampler, Method(), reward,
+        memory_budget_bytes=BUDGET, fisher_under_p=job.rho, sums_storage=storage,
+    )  # fmt: skip
+    in_memory = estimate_peak(info, job, 1 << 30)
+    peak = estimate_peak(info, job, 1 << 30, storage.memory_bytes)
+    assert (peak.sums - table, peak.mapped) == (storage.in_memory, storage.mapped)
+    assert peak.mapped == (parameter_sized_sums(job) - 1 - tables_in_memory) * table
+    assert in_memory.total - peak.total == peak.mapped
+    assert "more of sums in mapped files" in peak.line() and "mapped" not in in_memory.line()
+    # a prefix keeps no sums over positions: nothing to map
+    assert estimate_peak(info, _job(sampler=OFF_POLICY), 1 << 30, 0).mapped == 0
 
 
 def test_what_would_fit_names_the_changes_that_fit():

@@ -188,6 +188,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         ("backend.normalize", "RequestError"),
         ("backend.tokens", "TokenError"),
         ("workers.models.loading", "ModelLoadError"),
+        ("workers.fisher.parameter_arrays", "NoRoomForSums"),
     ):
         found = getattr(sys.modules.get(module), name, None)
         if isinstance(found, type) and issubclass(found, BaseException):

@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from backend.settings import Settings
 from backend.summary import AnalysisSummary
 from backend.vocabulary import STATS, EngineKind, Method, Sampler, SamplerKind
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.model_summary import model_summary
+from workers.fisher.parameter_arrays import SumsStorage
 from workers.fisher.pooling import pooled_bytes, pooled_view, zero_view
 from workers.fisher.position import HeadLayout
 from workers.fisher.position_summary import position_summary
@@ -200,8 +202,12 @@ def run_analysis(
     progress: ProgressCallback | None = None,
     on_partial: PartialCallback | None = None,
     keep_fisher_roots: tuple[int, int] | None = None,
+    sums_storage: SumsStorage | None = None,
 ) -> Analysis:
     """Compute every quantity of docs/design.md §2 for ``request`` on ``loaded``'s model.
+
+    ``sums_storage``: where a response's sums over positions are kept (``analyze_sequence``); none: in
+    memory.
 
     ``keep_fisher_roots``: the pooled grid (rows, cols) at which to keep ``FisherRoots``, so that a
     later reward on the same analysis can be answered by ``with_reward``.
@@ -231,6 +237,7 @@ def run_analysis(
         on_partial=None if on_partial is None else _Partials(loaded, request, reward, on_partial),
         observe=None if roots is None else roots.observe,
         fisher_under_p=request.rho,
+        sums_storage=sums_storage,
     )
     report("summary", 0.0)
     # every process takes part in the count: the summary states how the directions were split
@@ -241,6 +248,12 @@ def run_analysis(
     summary["timing"] = {"seconds": time.perf_counter() - started, "fisher_reused": False}
     report("summary", 1.0)
     return Analysis(request, sequence, summary, roots)
+
+
+def sums_storage(settings: Settings) -> SumsStorage:
+    """Where an analysis keeps a response's sums over positions: in memory up to the setting, the rest
+    mapped from files (a storage per analysis: its budget counts that analysis's sums)."""
+    return SumsStorage(settings.sums_dir, settings.sums_memory_bytes)
 
 
 def _engine_model(loaded: LoadedModel, sampler: Sampler) -> torch.nn.Module | None:

@@ -28,7 +28,14 @@ from backend.store import ENGINE_RUNS, REWARD_REUSES, RedisStore, Store
 from backend.summary import checked_summary
 from backend.vocabulary import CANCELLED, STATS, EngineKind
 from workers.commands.processes import launched_by_torchrun, together
-from workers.engine import Analysis, AnalysisRequest, PartialCallback, ProgressCallback, run_analysis
+from workers.engine import (
+    Analysis,
+    AnalysisRequest,
+    PartialCallback,
+    ProgressCallback,
+    run_analysis,
+    sums_storage,
+)
 from workers.exports import Float16Overflow, write_export
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.masks import top_q_levels
@@ -90,6 +97,7 @@ def analyze_job(
         progress,
         on_partial,
         keep_fisher_roots=keep_fisher_roots,
+        sums_storage=sums_storage(settings),
     )
     analysis.summary["cost"] = _cost(loaded, job, settings, flops_per_second, partials=on_partial is not None)
     return analysis
@@ -144,7 +152,9 @@ def _cost(
     partials: bool = False,
 ):
     rate = flops_per_second or settings.flops_per_second
-    estimate = estimate_cost(loaded.info, job, rate, settings.engine_memory_bytes, partials)
+    estimate = estimate_cost(
+        loaded.info, job, rate, settings.engine_memory_bytes, partials, settings.sums_memory_bytes
+    )
     return estimate.model_dump(mode="json")
 
 
@@ -218,7 +228,9 @@ def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: Mode
     concrete = job.model_copy(update={"continuation_ids": ids, "continuation_sample": None})
     concrete_id = concrete.key()
     rate = published_rate(store, loaded) or settings.flops_per_second
-    estimate = estimate_cost(loaded.info, concrete, rate, settings.engine_memory_bytes, partials=True)
+    estimate = estimate_cost(
+        loaded.info, concrete, rate, settings.engine_memory_bytes, True, settings.sums_memory_bytes
+    )
     claimed = store.claim(concrete_id, queued_meta(concrete, estimate))
     store.update_meta(request_id, status="done", stage="sampled", progress=1.0, follows=concrete_id)
     return concrete if claimed else None

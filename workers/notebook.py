@@ -32,7 +32,7 @@ from backend.settings import get_settings
 from backend.study_summary import StudySummary
 from backend.tokens import TokenCodec
 from backend.vocabulary import EngineKind, Method, Sampler, SamplerKind
-from workers.engine import Analysis, AnalysisRequest, run_analysis
+from workers.engine import Analysis, AnalysisRequest, run_analysis, sums_storage
 from workers.models.loading import LoadedModel, ensure_certificate, info_from_model, state_dict_digest
 from workers.studies.files import averaged_arrays
 from workers.studies.masks import mask_tensors
@@ -96,7 +96,10 @@ def analyze(
             reward={_token_id(codec, token): float(value) for token, value in (reward or {}).items()},
             rho=rho,
         )
-        return run_analysis(loaded, request, get_settings().engine_memory_bytes)
+        settings = get_settings()
+        return run_analysis(
+            loaded, request, settings.engine_memory_bytes, sums_storage=sums_storage(settings)
+        )
 
 
 @dataclass

@@ -111,11 +111,15 @@ def _analyze(args: argparse.Namespace, writes: bool) -> int:
     # seconds on the device at hand: its float32 matmul rate at the model's width (measured once,
     # remembered), not a guess
     rate = matmul_rate(args.device, info.d_model)
-    cost = estimate_cost(info, job, flops_per_second=rate, chunk_bytes=settings.engine_memory_bytes)
+    # a response's sums beyond the setting are mapped from files on the CPU (on a GPU all in its memory)
+    sums_memory = settings.sums_memory_bytes if args.device == "cpu" else None
+    cost = estimate_cost(
+        info, job, rate, chunk_bytes=settings.engine_memory_bytes, sums_memory_bytes=sums_memory
+    )
     print(
         f"estimated cost: {cost.flops / 1e12:.3g} TFLOP, {cost.directions} directions, ~{cost.seconds:.3g} s "
         f"at {rate / 1e9:.0f} GFLOP/s on {args.device}{' (upper bound)' if cost.upper_bound else ''}, "
-        f"{estimate_peak(info, job, settings.engine_memory_bytes).line()}"
+        f"{estimate_peak(info, job, settings.engine_memory_bytes, sums_memory).line()}"
     )
     try:
         refuse_over_memory(info, job, settings)

@@ -21,6 +21,7 @@ from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.covariance import OutputCovariance, head_row_norms, mean_logit_rows
 from workers.fisher.first_moments import FeatureGrams
 from workers.fisher.model_totals import TotalsGroups
+from workers.fisher.parameter_arrays import SumsStorage
 from workers.fisher.position import (
     FisherPlans,
     HeadLayout,
@@ -245,6 +246,7 @@ def analyze_sequence(
     on_partial: SequencePartial | None = None,
     observe: Callable[[PositionMoments], None] | None = None,
     fisher_under_p: bool = True,
+    sums_storage: SumsStorage | None = None,
 ) -> SequenceAnalysis:
     """Analyse the prefix's next token, or every response position when a continuation is given.
 
@@ -259,6 +261,8 @@ def analyze_sequence(
     whole model in ``model_part``, made by the first pass from its totals (their model totals are the
     first pass's until the exact result); a prefix's reader may record it there. ``observe(moments)``: each
     position's moments before the running sums take them over (read, never keep or modify).
+    ``sums_storage``: where a response's sums over positions are kept (in memory up to its budget, the
+    rest mapped from files); a prefix's Fisher is its position's own array.
     """
     layout = HeadLayout.of(model)
     report = progress or (lambda stage, fraction: None)
@@ -268,7 +272,8 @@ def analyze_sequence(
     forward = SequenceForward.run(
         model, prefix_ids, continuation_ids, sampler, engine_model, capture_whole=first_pass_asked
     )
-    result = SequenceAnalysis(MomentSums(layout.names, layout.shapes))
+    storage = sums_storage if n_positions > 1 else None
+    result = SequenceAnalysis(MomentSums(layout.names, layout.shapes, storage=storage))
     first_pass = None
     if first_pass_asked and on_partial is not None:  # (the second: for the type checker)
         first_pass = _FirstPass.run(
@@ -281,7 +286,7 @@ def analyze_sequence(
         # its first moments are whole: the exact pass adds the second moments and the squares
         first = first_pass.analysis
         result = SequenceAnalysis(
-            first.sums.second_moments_over(), accumulated_shift_sq=list(first.accumulated_shift_sq)
+            first.sums.second_moments_over(storage), accumulated_shift_sq=list(first.accumulated_shift_sq)
         )
     for t in range(n_positions):
         target = forward.target(t)

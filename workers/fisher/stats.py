@@ -34,6 +34,7 @@ from workers.fisher.first_moments import (
     pieces_of,
     square_sums,
 )
+from workers.fisher.parameter_arrays import SumsStorage
 from workers.fisher.position import PositionMoments
 from workers.fisher.scratch_pool import summary_scratch
 from workers.fisher.terms import StatTerms
@@ -120,10 +121,14 @@ class MomentSums:
     positions: int = 0
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
+    # where the sums over positions are kept as arrays (``SumsStorage``: in memory, or mapped files beyond
+    # its budget); None: each a fresh array of its own
+    storage: SumsStorage | None = None
 
     def __post_init__(self) -> None:
         self.cache = FormedCache()
         self.sums = {key: FirstMoment(table.entries, self.cache, key) for key, table in self.sums.items()}
+        self._stored: dict[str, dict[str, torch.Tensor] | None] = {}  # the storage's tables, by statistic
 
     SQUARED = {"mean_shift_sq": "mean_shift", "common_sq": "common"}
 
@@ -180,13 +185,12 @@ class MomentSums:
         assert current is None or isinstance(current, Factored)  # a first pass's sums stay small
         entries[name] = value if current is None else current.plus(*value.terms).summed()
 
-    def second_moments_over(self) -> MomentSums:
-        """Sums for a second pass over the same positions: these sums' first moments (whole in a
-        response's first pass, ``add_first_moments``), no second moment and no square yet;
-        ``add_second_moments`` adds each position's. The first moments' arrays are shared, and neither
-        sums writes to them again."""
+    def second_moments_over(self, storage: SumsStorage | None = None) -> MomentSums:
+        """Sums for a second pass over the same positions, kept in ``storage``: these sums' first moments
+        (small in a response's first pass, ``add_first_moments``), no second moment and no square yet;
+        ``add_second_moments`` adds each position's. Neither sums writes to the first moments again."""
         tables = {key: table for key, table in self.sums.items() if key in self.FIRST_MOMENTS}
-        sums = MomentSums(self.names, self.shapes, tables, self.positions, self.dtype, self.device)
+        sums = MomentSums(self.names, self.shapes, tables, self.positions, self.dtype, self.device, storage)
         sums._form_first_position()  # a single position's small forms: later ones read them as arrays
         return sums
 
@@ -220,7 +224,9 @@ class MomentSums:
         entries = self._table(key).entries
         current = entries.get(name)
         fresh = current is None
-        total = torch.empty(entry.shape, dtype=entry.dtype, device=entry.device) if fresh else current
+        total = current if not fresh else self._kept_array(key, name, entry.dtype)
+        if total is None:
+            total = torch.empty(entry.shape, dtype=entry.dtype, device=entry.device)
         assert isinstance(total, torch.Tensor)  # sums of squares are arrays
         for piece, formed in formed_in_pieces(name, entry, scratch):
             into = in_piece(total, piece)
@@ -265,11 +271,30 @@ class MomentSums:
                 self._add_square("kbar_mu_sq", name, self.sums["common"][name] + shift)
 
     def _form_first_position(self) -> None:
-        """The first position's small forms become arrays, which later positions add into."""
-        for table in self.sums.values():
+        """The first position's small forms become arrays, which later positions add into (its arrays
+        move into the storage where there is one)."""
+        for key, table in self.sums.items():
             for name, entry in table.entries.items():
-                if isinstance(entry, Factored):
-                    table.entries[name] = entry.form()
+                table.entries[name] = self._kept(key, name, entry)
+
+    def _kept(self, key: str, name: str, value: torch.Tensor | Factored) -> torch.Tensor:
+        """``value`` as the array sum ``key`` keeps: formed (a small form), in the storage's array where
+        there is one (else the array itself, or a fresh one)."""
+        kept = self._kept_array(key, name, value.dtype)
+        if isinstance(value, Factored):
+            return value.form(out=kept)
+        return value if kept is None or kept is value else kept.copy_(value)
+
+    def _kept_array(self, key: str, name: str, dtype: torch.dtype) -> torch.Tensor | None:
+        """The storage's array for sum ``key`` of tensor ``name`` (its table made at the first ask, of the
+        ``dtype`` of the value that asks), or None without a storage or where it keeps ``key`` in
+        memory."""
+        if self.storage is None:
+            return None
+        if key not in self._stored:
+            self._stored[key] = self.storage.table(key, self.names, self.shapes, dtype, self.device)
+        table = self._stored[key]
+        return None if table is None else table[name]
 
     def _keeps(self, key: str) -> bool:
         """Whether a sum of squares is kept along a response: the common component's is read only by the
@@ -288,12 +313,12 @@ class MomentSums:
         not a new sum each time: a P-sized array per stat and position (most of them fresh memory) took
         0.3-1.0 s of each position's 2.6 s on SmolLM2 at 5 + 16 tokens, mc:16."""
         entries = self._table(key).entries
-        if self.positions == 0:
+        current = entries.get(name)
+        if self.positions == 0 and self.storage is None:
             entries[name] = value
             return
-        current = entries.get(name)
         if current is None:  # formed now: a bound's small form reads a Fisher that later positions add into
-            entries[name] = value.form() if isinstance(value, Factored) else value
+            entries[name] = self._kept(key, name, value)
             return
         assert isinstance(current, torch.Tensor)  # the first position's small forms were formed
         if isinstance(value, Factored):
@@ -309,7 +334,8 @@ class MomentSums:
             assert isinstance(current, torch.Tensor)  # sums of squares are arrays
             current.addcmul_(value, value)
         else:
-            entries[name] = value.square()
+            kept = self._kept_array(key, name, value.dtype)
+            entries[name] = value.square() if kept is None else torch.mul(value, value, out=kept)
 
     def _get(self, key: str, name: str) -> torch.Tensor | None:
         """A stored sum (none for the squares of a single position: those are formed where used)."""

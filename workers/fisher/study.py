@@ -19,8 +19,6 @@ Statistics (sums; divide by the number of responses for the averages of docs/des
 from __future__ import annotations
 
 import hashlib
-import math
-import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,6 +41,7 @@ from workers.fisher.directions import (
 from workers.fisher.first_moments import FirstMoment, Piece, formed_in_pieces, in_piece, largest_piece
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.methods import SecondMomentPlan, second_moment_plan
+from workers.fisher.parameter_arrays import parameter_arrays
 from workers.fisher.position import HeadLayout, HeadTerms, head_rows, looked_up_rows
 from workers.fisher.response import next_token_logits
 from workers.fisher.sampler import (
@@ -131,21 +130,7 @@ class StudySums:
     def _zeros_table(self, stat: str) -> Params:
         """Zeros for every tensor, views of one array: in ``backing`` (a file of zeros, mapped) on the
         CPU, else in memory."""
-        if self.backing is not None and self.device.type == "cpu":
-            self.backing.mkdir(parents=True, exist_ok=True)
-            # a name of this process's (the processes of a worker share the folder)
-            path = self.backing / f".{stat}.{os.getpid()}.sums"
-            path.unlink(missing_ok=True)  # from_file maps what is there: a new file is all zeros
-            flat = torch.from_file(str(path), shared=True, size=self.n_params, dtype=self.dtype)
-            path.unlink()  # the mapping keeps the file's pages; nothing is left behind if the process dies
-        else:
-            flat = torch.zeros(self.n_params, dtype=self.dtype, device=self.device)
-        table, start = {}, 0
-        for name in self.names:
-            size = math.prod(self.shapes[name])
-            table[name] = flat[start : start + size].view(self.shapes[name])
-            start += size
-        return table
+        return parameter_arrays(self.names, self.shapes, self.dtype, self.device, self.backing, stat)
 
     def add(self, stat: str, params: Params, weight: float = 1.0) -> None:
         """sums[stat] += weight * params (in place: no P-sized temporary)."""
