@@ -97,18 +97,24 @@ def kept_between_passes(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int
     return min(chunk_bytes, sum(plans + fishers * outputs * ghost_entries(n) * value for n in lengths))
 
 
+def position_arrays(job: AnalysisJob) -> int:
+    """The parameter-sized arrays of one position: its Fisher, and under p when rho is asked off the
+    policy (first moments stay small)."""
+    return 1 + (job.rho and not job.sampler.is_on_policy)
+
+
 def parameter_sized_sums(job: AnalysisJob) -> int:
     """How many parameter-sized arrays the analysis holds at once (``workers.fisher.stats.MomentSums``)."""
-    on_policy = job.sampler.is_on_policy
-    fisher_p = job.rho and not on_policy
     if not along_a_response(job):
-        return 1 + fisher_p  # a prefix: the Fisher (and under p); first moments stay small
+        return position_arrays(job)  # a prefix: its position's own
     # along a response: the Fisher and the common component, with its squares where something reads them
     # (the raw Fisher on the policy, rho), the mean shift with its squares and kbar_mu's, the reward's
     # two, the Fisher under p; and the position being added
+    on_policy = job.sampler.is_on_policy
     common_squares = on_policy or job.rho
+    fisher_p = job.rho and not on_policy
     arrays = 2 + common_squares + (0 if on_policy else 3) + (2 if job.reward else 0) + fisher_p
-    return arrays + 1
+    return arrays + position_arrays(job)
 
 
 def summary_tables(job: AnalysisJob) -> int:
@@ -132,7 +138,7 @@ def estimate_peak(
     arrays = parameter_sized_sums(job)
     mapped = 0
     if along_a_response(job) and sums_memory_bytes is not None:
-        kept = arrays - 1  # the position being added is its own array
+        kept = arrays - position_arrays(job)  # the position being added holds its own
         mapped = max(0, kept - sums_memory_bytes // (model.n_params * value))
     return PeakMemory(
         model.n_params * value,
@@ -170,12 +176,16 @@ def what_would_fit(
     ]
 
 
-def refuse_over_memory(info: MeasuredModel, job: AnalysisJob, settings: Settings) -> None:
-    """422 for an analysis whose estimated peak is above the memory limit, naming what would fit."""
+def refuse_over_memory(
+    info: MeasuredModel, job: AnalysisJob, settings: Settings, on_cpu: bool = True
+) -> None:
+    """422 for an analysis whose estimated peak is above the memory limit, naming what would fit.
+    ``on_cpu``: a response's sums beyond ``sums_memory_bytes`` are mapped from files (not on a GPU)."""
     limit = settings.memory_limit_bytes or machine_memory_bytes()
-    peak = estimate_peak(info, job, settings.engine_memory_bytes, settings.sums_memory_bytes)
+    sums_memory = settings.sums_memory_bytes if on_cpu else None
+    peak = estimate_peak(info, job, settings.engine_memory_bytes, sums_memory)
     if limit and peak.total > limit:
-        fits = what_would_fit(info, job, settings.engine_memory_bytes, limit, settings.sums_memory_bytes)
+        fits = what_would_fit(info, job, settings.engine_memory_bytes, limit, sums_memory)
         raise RequestError(
             f"this analysis needs {peak.line()}, over the memory limit of {limit / 1e9:.1f} GB "
             f"(FISHERSCOPE_MEMORY_LIMIT_BYTES); "

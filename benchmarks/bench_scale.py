@@ -116,14 +116,17 @@ def run_cli(
     if sums_memory is not None:
         environment["FISHERSCOPE_SUMS_MEMORY_BYTES"] = str(sums_memory)
     started = time.perf_counter()
-    process = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
-    )
-    anonymous = 0
-    while process.poll() is None:
-        anonymous = max(anonymous, _anonymous_kb(process.pid) or 0)
-        time.sleep(ANON_POLL_S)
-    _, stderr = process.communicate()
+    # stderr to a file: a pipe nobody reads while the CLI runs would fill with its progress bar and stall it
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors, text=True, env=environment
+        )
+        anonymous = 0
+        while process.poll() is None:
+            anonymous = max(anonymous, _anonymous_kb(process.pid) or 0)
+            time.sleep(ANON_POLL_S)
+        errors.seek(0)
+        stderr = errors.read()
     wall = time.perf_counter() - started
     if process.returncode != 0:
         said = [line for line in stderr.splitlines() if line.startswith("fisherscope")]

@@ -26,6 +26,7 @@ from workers.fisher.parameter_arrays import NoRoomForSums, SumsStorage
 from workers.fisher.position import HeadLayout, PositionInputs, position_moments
 from workers.fisher.response import analyze_sequence
 from workers.fisher.sampler import Sampler
+from workers.fisher.scratch_pool import summary_scratch
 from workers.fisher.stats import MomentSums
 from workers.fisher.study import StudyStat, StudySums
 from workers.studies.prompts import EncodedPrompt
@@ -363,11 +364,16 @@ def test_a_responses_sums_beyond_their_budget_are_mapped_files(model, tmp_path, 
     largest = max(p.numel() * p.element_size() for p in model.parameters())
     monkeypatch.setattr(first_moments, "FORMED_KEPT_BYTES", 2 * largest)
     workspace = 2 * largest
+    # each run makes its own scratch buffers: one kept from an earlier analysis in this process (of any
+    # model) would be counted at its own size where a run first writes into it
+    monkeypatch.setattr(summary_scratch, "free", {})
     with LiveArrays(model.parameters()) as in_memory:
         expected = _response(model, None, first_pass, workspace)
     storage = SumsStorage(tmp_path / "sums", memory_bytes=0)
+    monkeypatch.setattr(summary_scratch, "free", {})
     with LiveArrays(model.parameters()) as counted:
         found = _response(model, storage, first_pass, workspace)
+    monkeypatch.setattr(summary_scratch, "free", {})
     with LiveArrays(model.parameters()) as one_position:
         _response(model, None, first_pass, workspace, tokens=0)
     assert found.sums.keys() == expected.sums.keys()

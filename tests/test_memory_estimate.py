@@ -12,7 +12,13 @@ from fastapi.testclient import TestClient
 
 from backend import registry as catalog
 from backend.main import create_app
-from backend.memory_estimate import estimate_peak, kept_between_passes, parameter_sized_sums, what_would_fit
+from backend.memory_estimate import (
+    estimate_peak,
+    kept_between_passes,
+    parameter_sized_sums,
+    position_arrays,
+    what_would_fit,
+)
 from backend.schemas import AnalysisJob
 from backend.settings import Settings, get_settings
 from backend.vocabulary import Method, MethodName, Sampler
@@ -38,7 +44,8 @@ def test_a_prefix_holds_the_fisher_alone_and_rho_adds_the_fisher_under_p():
     assert parameter_sized_sums(_job(continuation_ids=[4, 7])) == 4
     # off the policy, the common component's squares are kept only for rho
     assert parameter_sized_sums(_job(continuation_ids=[4, 7], sampler=OFF_POLICY, reward={"4": 1.0})) == 8
-    assert parameter_sized_sums(_job(continuation_ids=[4, 7], sampler=OFF_POLICY, rho=True)) == 8
+    # the position being added holds its Fisher under p too
+    assert parameter_sized_sums(_job(continuation_ids=[4, 7], sampler=OFF_POLICY, rho=True)) == 9
 
 
 @pytest.mark.parametrize(
@@ -74,7 +81,7 @@ def test_the_sums_counted_are_those_the_engine_holds(fields, positions):
         if isinstance(entry, torch.Tensor)
     )
     # held once the last position is folded in: all but the position being added
-    expected = parameter_sized_sums(job) - (positions > 1)
+    expected = parameter_sized_sums(job) - (position_arrays(job) if positions > 1 else 0)
     assert held == expected * size
 
 
@@ -147,7 +154,7 @@ def test_a_responses_sums_beyond_their_memory_are_mapped_as_the_engine_maps_them
     in_memory = estimate_peak(info, job, 1 << 30)
     peak = estimate_peak(info, job, 1 << 30, storage.memory_bytes)
     assert (peak.sums - table, peak.mapped) == (storage.in_memory, storage.mapped)
-    assert peak.mapped == (parameter_sized_sums(job) - 1 - tables_in_memory) * table
+    assert peak.mapped == (parameter_sized_sums(job) - position_arrays(job) - tables_in_memory) * table
     assert in_memory.total - peak.total == peak.mapped
     assert "more of sums in mapped files" in peak.line() and "mapped" not in in_memory.line()
     # a prefix keeps no sums over positions: nothing to map

@@ -122,7 +122,7 @@ def _analyze(args: argparse.Namespace, writes: bool) -> int:
         f"{estimate_peak(info, job, settings.engine_memory_bytes, sums_memory).line()}"
     )
     try:
-        refuse_over_memory(info, job, settings)
+        refuse_over_memory(info, job, settings, on_cpu=args.device == "cpu")
     except RequestError as error:
         raise UsageError(str(error)) from None
     if args.max_cost_tflop is not None and cost.flops > args.max_cost_tflop * 1e12:

@@ -18,8 +18,9 @@ import torch
 
 
 class NoRoomForSums(OSError):
-    """The folder of the mapped sums lacks the disk for one more (a mapped page written to a disk with no
-    room would kill the process with SIGBUS; its blocks are reserved first instead)."""
+    """The folder of the mapped sums cannot take one more: no disk left (a mapped page written to a disk
+    with no room would kill the process with SIGBUS, so the blocks are reserved first), or the folder
+    cannot be written."""
 
 
 def parameter_arrays(
@@ -34,13 +35,13 @@ def parameter_arrays(
     (on the CPU), else in memory."""
     n_values = sum(math.prod(shapes[name]) for name in names)
     if backing is not None and device.type == "cpu":
-        backing.mkdir(parents=True, exist_ok=True)
         # a name of this process's (the processes of a worker, or of torchrun, share the folder)
         path = backing / f".{stat}.{os.getpid()}.sums"
-        path.unlink(missing_ok=True)  # from_file maps what is there: a new file is all zeros
-        _reserve(path, n_values * dtype.itemsize)
-        flat = torch.from_file(str(path), shared=True, size=n_values, dtype=dtype)
-        path.unlink()
+        try:
+            _reserve(path, n_values * dtype.itemsize)
+            flat = torch.from_file(str(path), shared=True, size=n_values, dtype=dtype)
+        finally:
+            path.unlink(missing_ok=True)  # the mapping keeps the pages
     else:
         flat = torch.zeros(n_values, dtype=dtype, device=device)
     table, start = {}, 0
@@ -52,19 +53,24 @@ def parameter_arrays(
 
 
 def _reserve(path: Path, nbytes: int) -> None:
-    """A file of ``nbytes`` zeros whose blocks are allocated now (``posix_fallocate``: no zeros written)."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    """A new file of ``nbytes`` zeros, its blocks allocated now where the system can (``posix_fallocate``,
+    no zeros written; elsewhere, macOS, a sparse file as ``from_file`` makes)."""
     try:
-        os.posix_fallocate(descriptor, 0, nbytes)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # from_file maps what is there
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            allocate = getattr(os, "posix_fallocate", None)
+            if allocate is not None:
+                allocate(descriptor, 0, nbytes)
+        finally:
+            os.close(descriptor)
     except OSError as error:
-        path.unlink(missing_ok=True)
         raise NoRoomForSums(
             f"no room for {nbytes / 1e9:.1f} GB of sums in {path.parent} ({error.strerror}): free disk "
-            "there, or point the folder at a larger disk (FISHERSCOPE_SUMS_DIR for a response's sums, "
-            "FISHERSCOPE_STUDIES_DIR for a study's)"
+            "there, or point the folder at a larger disk (FISHERSCOPE_SUMS_DIR for a response's sums; a "
+            "study's are in its own folder)"
         ) from error
-    finally:
-        os.close(descriptor)
 
 
 @dataclass
