@@ -177,12 +177,12 @@ def what_would_fit(
 
 
 def refuse_over_memory(
-    info: MeasuredModel, job: AnalysisJob, settings: Settings, on_cpu: bool = True
+    info: MeasuredModel, job: AnalysisJob, settings: Settings, device: str = "cpu"
 ) -> None:
-    """422 for an analysis whose estimated peak is above the memory limit, naming what would fit.
-    ``on_cpu``: a response's sums beyond ``sums_memory_bytes`` are mapped from files (not on a GPU)."""
+    """422 for an analysis whose estimated peak is above the memory limit, naming what would fit; on
+    ``device`` (``Settings.sums_memory_on``: what of a response's sums is mapped from files)."""
     limit = settings.memory_limit_bytes or machine_memory_bytes()
-    sums_memory = settings.sums_memory_bytes if on_cpu else None
+    sums_memory = settings.sums_memory_on(device)
     peak = estimate_peak(info, job, settings.engine_memory_bytes, sums_memory)
     if limit and peak.total > limit:
         fits = what_would_fit(info, job, settings.engine_memory_bytes, limit, sums_memory)

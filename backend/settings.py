@@ -78,6 +78,7 @@ class Settings(BaseSettings):
         description="memory a response's sums over positions may use (each parameter-sized); the rest are "
         "memory-mapped files in sums_dir, whose pages the kernel can write out (on the CPU)",
     )
+
     sums_dir: Path = Field(
         default=Path.home() / ".cache" / "fisherscope" / "sums",
         description="where the sums beyond sums_memory_bytes are mapped from (a file unlinked once mapped)",
@@ -148,6 +149,11 @@ class Settings(BaseSettings):
     def study_dir(self, study_id: str) -> Path:
         """A study's parts (one file per prompt until they are reduced) and its masks file."""
         return self.studies_dir / study_id
+
+    def sums_memory_on(self, device: str) -> int | None:
+        """``sums_memory_bytes`` for an analysis on ``device``: the CPU maps what is beyond it from files;
+        None elsewhere (on a GPU every sum is in its memory)."""
+        return self.sums_memory_bytes if device == "cpu" else None
 
     def limits(self) -> RequestLimits:
         return RequestLimits(self.max_prefix_tokens, self.max_continuation_tokens)

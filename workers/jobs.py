@@ -144,12 +144,6 @@ def _device(loaded: LoadedModel) -> str:
     return str(next(loaded.model.parameters()).device)
 
 
-def _mapped_sums(loaded: LoadedModel, settings: Settings) -> int | None:
-    """What a response's sums may hold in memory before the rest are mapped from files: on the CPU only
-    (on a GPU every sum is in its memory)."""
-    return settings.sums_memory_bytes if _device(loaded) == "cpu" else None
-
-
 def _cost(
     loaded: LoadedModel,
     job: AnalysisJob,
@@ -159,7 +153,12 @@ def _cost(
 ):
     rate = flops_per_second or settings.flops_per_second
     estimate = estimate_cost(
-        loaded.info, job, rate, settings.engine_memory_bytes, partials, _mapped_sums(loaded, settings)
+        loaded.info,
+        job,
+        rate,
+        settings.engine_memory_bytes,
+        partials,
+        settings.sums_memory_on(_device(loaded)),
     )
     return estimate.model_dump(mode="json")
 
@@ -235,7 +234,12 @@ def draw_response(job: AnalysisJob, store: Store, settings: Settings, pool: Mode
     concrete_id = concrete.key()
     rate = published_rate(store, loaded) or settings.flops_per_second
     estimate = estimate_cost(
-        loaded.info, concrete, rate, settings.engine_memory_bytes, True, _mapped_sums(loaded, settings)
+        loaded.info,
+        concrete,
+        rate,
+        settings.engine_memory_bytes,
+        True,
+        settings.sums_memory_on(_device(loaded)),
     )
     claimed = store.claim(concrete_id, queued_meta(concrete, estimate))
     store.update_meta(request_id, status="done", stage="sampled", progress=1.0, follows=concrete_id)

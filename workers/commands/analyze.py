@@ -111,8 +111,7 @@ def _analyze(args: argparse.Namespace, writes: bool) -> int:
     # seconds on the device at hand: its float32 matmul rate at the model's width (measured once,
     # remembered), not a guess
     rate = matmul_rate(args.device, info.d_model)
-    # a response's sums beyond the setting are mapped from files on the CPU (on a GPU all in its memory)
-    sums_memory = settings.sums_memory_bytes if args.device == "cpu" else None
+    sums_memory = settings.sums_memory_on(args.device)
     cost = estimate_cost(
         info, job, rate, chunk_bytes=settings.engine_memory_bytes, sums_memory_bytes=sums_memory
     )
@@ -122,7 +121,7 @@ def _analyze(args: argparse.Namespace, writes: bool) -> int:
         f"{estimate_peak(info, job, settings.engine_memory_bytes, sums_memory).line()}"
     )
     try:
-        refuse_over_memory(info, job, settings, on_cpu=args.device == "cpu")
+        refuse_over_memory(info, job, settings, args.device)
     except RequestError as error:
         raise UsageError(str(error)) from None
     if args.max_cost_tflop is not None and cost.flops > args.max_cost_tflop * 1e12:

@@ -1,7 +1,7 @@
 """Arrays over every parameter of a model as views of one flat array, in memory or in a mapped file.
 
 Why a file: sums kept over positions or contexts are parameter-sized each (an off-policy response keeps
-six: 14 GB on Qwen3-0.6B beside its 2.4 GB of float32 weights). The pages of a shared file mapping are
+five: 12 GB on Qwen3-0.6B beside its 2.4 GB of float32 weights). The pages of a shared file mapping are
 the kernel's to write out and drop under memory pressure; anonymous memory without swap is not. The file
 is unlinked as soon as it is mapped: the mapping keeps its pages, and nothing is left behind when the
 process dies.
