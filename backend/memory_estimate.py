@@ -4,7 +4,8 @@ Why: an analysis that does not fit is killed by the kernel part way through (a w
 with it), after minutes of work. What it holds at its peak: the weights; the parameter-sized sums (a
 prefix's Fisher, and the Fisher under p when rho is asked; along a response, every sum over positions,
 whose squares are not low rank); the summary's workspace, a few arrays of a block of rows
-(``PIECE_VALUES``) in each thread; a direction chunk (the engine's budget); along a response, what its
+(``PIECE_VALUES``) in each thread; a direction chunk (the engine's budget) and the ghost moments kept
+between chunks (within the budget again, reached at long contexts); along a response, what its
 first pass and refining round keep for the exact pass (within the budget again); one array of the largest
 tensor (the certificate's backward holds a tied table's gradient from the head until the lookup's
 arrives); the runtime; and what the allocator keeps beyond the arrays alive, fitted on
@@ -97,6 +98,16 @@ def kept_between_passes(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int
     return min(chunk_bytes, sum(plans + fishers * outputs * ghost_entries(n) * value for n in lengths))
 
 
+def ghost_moments_between_chunks(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> int:
+    """What a position's exact pass keeps between its direction chunks: each ghost block's moments M,
+    ``ghost_entries(n)`` values per output at the longest context, within a workspace's worth
+    (``block_squares.SquareAccumulator``). Small at a short context; at the budget from ~30 tokens on
+    Qwen3-0.6B's shape, where it is a second workspace beside the chunk's."""
+    outputs = model.n_params // model.d_model
+    value = VALUE_BYTES.get(job.dtype, 4)
+    return min(chunk_bytes, outputs * ghost_entries(max(context_lengths(job))) * value)
+
+
 def position_arrays(job: AnalysisJob) -> int:
     """The parameter-sized arrays of one position: its Fisher, and under p when rho is asked off the
     policy (first moments stay small)."""
@@ -134,7 +145,8 @@ def estimate_peak(
     summary = SUMMARY_THREADS * (summary_tables(job) + 1) * block * value
     slack = int(SLACK_BYTES_PER_PARAM * model.n_params)
     kept = kept_between_passes(model, job, chunk_bytes)
-    workspace = summary + chunk_bytes + kept + largest_values * value + RUNTIME_BYTES + slack
+    ghost = ghost_moments_between_chunks(model, job, chunk_bytes)
+    workspace = summary + chunk_bytes + ghost + kept + largest_values * value + RUNTIME_BYTES + slack
     arrays = parameter_sized_sums(job)
     mapped = 0
     if along_a_response(job) and sums_memory_bytes is not None:

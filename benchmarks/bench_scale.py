@@ -8,11 +8,13 @@ the model's width before its cases (the CLI's remembered rate may come from a bu
 the 5-token prefix "She drank a cup of" at T 0.7, top-k 50 (the first answer: no rho), the same with
 `--rho`, on the policy, and a response of `--response-tokens` (64) at T 0.7, top-k 50 (its floor sums
 each position's directions over its own context), exact and by 16 Monte Carlo directions per position
-(the same sums over positions, for the memory of a long response in minutes). Each shape's runs share
+(the same sums over positions, for the memory of a long response in minutes), and that response's
+last context as a prefix (what a response holds beside its mapped sums). Each shape's runs share
 a cache folder of their own (``FISHERSCOPE_CACHE``): the model's certificate (once per load) is
 measured on its own first, by `fisherscope models add` (as the id ``bench``), and every case analyzes
 that id. The peak of the CLI's anonymous memory is sampled beside its peak resident set, which counts
-the pages of a response's sums mapped from files (``--sums-memory-gb``: what they may hold in memory).
+the pages of a response's sums mapped from files (``--sums-memory-gb``: what they may hold in memory),
+and beside the CLI's own estimate of its peak.
 
 Usage: .venv/bin/python benchmarks/bench_scale.py [--shapes qwen3-0.6b,qwen3-1.7b] [--cases ...]
     [--memory-limit-gb G] [--response-tokens N] [--sums-memory-gb G]
@@ -49,6 +51,8 @@ CASES: dict[str, list[str]] = {
     "response top-k 50": ["--temperature", "0.7", "--top-k", "50"],  # and a continuation (``response``)
     # the same sums over positions in a fraction of the time: the memory of a long response
     "response top-k 50 mc:16": ["--temperature", "0.7", "--top-k", "50", "--method", "mc:16"],
+    # the response's last position alone, as a prefix: what a response holds beside its mapped sums
+    "longest context top-k 50": ["--temperature", "0.7", "--top-k", "50"],
 }
 # a response's text, cut to --response-tokens of SmolLM2's tokenizer (64 here); from its second position
 # on, the sums over positions are arrays, whatever its length
@@ -117,22 +121,23 @@ def run_cli(
         environment["FISHERSCOPE_SUMS_MEMORY_BYTES"] = str(sums_memory)
     started = time.perf_counter()
     # stderr to a file: a pipe nobody reads while the CLI runs would fill with its progress bar and stall it
-    with tempfile.TemporaryFile("w+") as errors:
-        process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors, text=True, env=environment
-        )
+    with tempfile.TemporaryFile("w+") as errors, tempfile.TemporaryFile("w+") as said:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=said, stderr=errors, text=True, env=environment)
         anonymous = 0
         while process.poll() is None:
             anonymous = max(anonymous, _anonymous_kb(process.pid) or 0)
             time.sleep(ANON_POLL_S)
         errors.seek(0)
         stderr = errors.read()
+        said.seek(0)
+        estimated = re.search(r"~([0-9.]+) GB at peak", said.read())
     wall = time.perf_counter() - started
     if process.returncode != 0:
         said = [line for line in stderr.splitlines() if line.startswith("fisherscope")]
         return {"error": said[-1] if said else f"exit status {process.returncode}"}
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr).group(1))
-    return {"peak_gb": peak_kb / 1e6, "anonymous_gb": anonymous / 1e6, "wall": wall}
+    found = {"peak_gb": peak_kb / 1e6, "anonymous_gb": anonymous / 1e6, "wall": wall}
+    return found | ({"estimated_gb": float(estimated.group(1))} if estimated else {})
 
 
 def run_certificate(folder: Path, cache: Path) -> dict:
@@ -142,6 +147,7 @@ def run_certificate(folder: Path, cache: Path) -> dict:
 
 def run_case(
     model: str,
+    prefix: str,
     flags: list[str],
     out: Path,
     rate: float,
@@ -151,7 +157,7 @@ def run_case(
 ) -> dict:
     """One analysis: peak RSS and anonymous memory (GB), wall seconds, directions, the floor at ``rate``."""
     found = run_cli(
-        ["analyze", "--model", model, "--prefix", PREFIX, "--summary", str(out), *flags],
+        ["analyze", "--model", model, "--prefix", prefix, "--summary", str(out), *flags],
         cache,
         limit,
         sums_memory,
@@ -177,7 +183,8 @@ def peak(found: dict, n_params: int) -> str:
     anonymous = found["anonymous_gb"] * 1e9 / (4 * n_params)
     return (
         f"peak {found['peak_gb']:5.1f} GB ({over:.1f}x the float32 weights; anonymous "
-        f"{found['anonymous_gb']:.1f} GB, {anonymous:.1f}x)"
+        f"{found['anonymous_gb']:.1f} GB, {anonymous:.1f}x"
+        + (f"; estimated {found['estimated_gb']:.1f} GB)" if "estimated_gb" in found else ")")
     )
 
 
@@ -221,7 +228,10 @@ def main() -> None:
                 flags = CASES[case] + (
                     ["--continuation", response(args.response_tokens)] * case.startswith("response")
                 )
-                found = run_case("bench", flags, summary, rate, cache, limit, sums_memory)
+                prefix = PREFIX
+                if case.startswith("longest context"):
+                    prefix += response(args.response_tokens - 1)
+                found = run_case("bench", prefix, flags, summary, rate, cache, limit, sums_memory)
                 if "error" in found:
                     print(f"  {case:<22} refused or failed: {found['error']}")
                     continue

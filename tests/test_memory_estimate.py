@@ -14,6 +14,7 @@ from backend import registry as catalog
 from backend.main import create_app
 from backend.memory_estimate import (
     estimate_peak,
+    ghost_moments_between_chunks,
     kept_between_passes,
     parameter_sized_sums,
     position_arrays,
@@ -24,7 +25,7 @@ from backend.settings import Settings, get_settings
 from backend.vocabulary import Method, MethodName, Sampler
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.tiny_models import BUDGET, tiny_llama
-from workers.fisher import response
+from workers.fisher import block_squares, directions, response
 from workers.fisher.parameter_arrays import SumsStorage
 from workers.fisher.response import analyze_sequence
 
@@ -34,6 +35,21 @@ SMOLLM2 = type("Info", (), {"n_params": 134_515_008, "d_model": 576, "vocab_size
 
 def _job(**fields) -> AnalysisJob:
     return AnalysisJob(model="m", weights_digest="d", input_ids=[3, 5, 8, 3, 11], **fields)
+
+
+def _tiny_tied_model() -> tuple[torch.nn.Module, object]:
+    """A tiny tied model, and what the estimate reads of it."""
+    model = tiny_llama(tied=True, seed=2, vocab_size=41, dtype=torch.float32)
+    info = type(
+        "Info", (), {"n_params": sum(p.numel() for p in model.parameters()), "d_model": 16, "vocab_size": 41}
+    )
+    return model, info
+
+
+def _off_policy(model: torch.nn.Module, job: AnalysisJob, **options) -> None:
+    """The job's response analysed exactly under ``OFF_POLICY``."""
+    ids, continuation = torch.tensor(job.input_ids), torch.tensor(job.continuation_ids)
+    analyze_sequence(model, ids, continuation, OFF_POLICY, Method(), **options)
 
 
 def test_a_prefix_holds_the_fisher_alone_and_rho_adds_the_fisher_under_p():
@@ -90,10 +106,7 @@ def test_what_a_responses_first_pass_keeps_is_within_its_estimate(monkeypatch):
     stay within what the estimate counts, which is at most a workspace's worth; nothing for a prefix,
     nor where no first pass runs (a truncated plan)."""
     job = _job(continuation_ids=[4, 7, 9, 2], sampler=OFF_POLICY, rho=True)
-    model = tiny_llama(tied=True, seed=2, vocab_size=41, dtype=torch.float32)
-    info = type(
-        "Info", (), {"n_params": sum(p.numel() for p in model.parameters()), "d_model": 16, "vocab_size": 41}
-    )
+    model, info = _tiny_tied_model()
     counted: list[int] = []
     held: list[int] = []
     keeps, release = response._FirstPass._keeps, response._FirstPass.release
@@ -110,16 +123,7 @@ def test_what_a_responses_first_pass_keeps_is_within_its_estimate(monkeypatch):
 
     monkeypatch.setattr(response._FirstPass, "_keeps", counting)
     monkeypatch.setattr(response._FirstPass, "release", released)
-    analyze_sequence(
-        model,
-        torch.tensor(job.input_ids),
-        torch.tensor(job.continuation_ids),
-        OFF_POLICY,
-        Method(),
-        memory_budget_bytes=BUDGET,
-        on_partial=lambda snapshot, kept_share: None,
-        fisher_under_p=True,
-    )
+    _off_policy(model, job, memory_budget_bytes=BUDGET, on_partial=lambda snapshot, kept_share: None)
     plans = 8 * (3 * 16**2 + 2 * 41) * len(job.continuation_ids)
     # what is held, what the first pass counts it as, and the estimate: the round's moments too
     assert plans < held[0] <= max(counted) <= kept_between_passes(info, job, BUDGET)
@@ -133,6 +137,28 @@ def test_what_a_responses_first_pass_keeps_is_within_its_estimate(monkeypatch):
         == 0
     )
     assert kept_between_passes(SMOLLM2, _job(continuation_ids=list(range(64))), 1 << 30) == 1 << 30
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 24_000])
+def test_the_ghost_moments_kept_between_chunks_are_within_their_estimate(monkeypatch, budget):
+    """A position's exact pass keeps each ghost block's moments between its direction chunks: as many as
+    the estimate counts at the longest context, within the budget (24 kB: some blocks' M only)."""
+    job = _job(continuation_ids=[4, 7, 9, 2, 6, 1, 3], sampler=OFF_POLICY)
+    model, info = _tiny_tied_model()
+    held: list[int] = []
+    add_matrix = block_squares.SquareAccumulator.add_matrix
+
+    def counting(self, *args, **kwargs) -> None:
+        add_matrix(self, *args, **kwargs)
+        held.append(sum(m.nbytes for m in self.ghost.values()))
+
+    monkeypatch.setattr(block_squares.SquareAccumulator, "add_matrix", counting)
+    monkeypatch.setattr(directions, "_chunk_size", lambda capture, budget: 4)  # several chunks a position
+    _off_policy(model, job, memory_budget_bytes=budget, fisher_under_p=False)  # one square group
+    estimated = ghost_moments_between_chunks(info, job, budget)
+    assert 0 < max(held) <= estimated <= budget
+    if budget < estimated * 2:
+        assert max(held) > budget / 2  # the budget, not the blocks, bounds it
 
 
 @pytest.mark.parametrize("tables_in_memory", [0, 2])

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from safetensors.torch import load_file
 
 from backend.vocabulary import STATS, Method, Sampler
 from tests.tiny_models import BUDGET, tiny_model
+from workers.fisher.parameter_arrays import SumsStorage
 from workers.fisher.response import SequenceAnalysis, analyze_sequence
 from workers.fisher.shards import Shard, current_shard, gathered, split_directions
 
@@ -127,6 +129,49 @@ def test_the_shares_cover_every_direction_once():
                 for r in range(lo, hi)
             ]
             assert rows == list(range(total)), (lead, total, world)
+
+
+def _without_room(rank: int, world: int, rendezvous: str, folder: str) -> None:
+    """A worker's process under torchrun: each runs the analysis and goes on whatever it raised (its
+    failure is reported, not its exit), so a process waiting for one that gave up waits until the group's
+    timeout, here a short one. Rank 1's sums folder cannot be made."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+    )
+    root = Path(folder)
+    sums = root / f"sums{rank}"
+    if rank == 1:
+        (root / "a file").write_text("")
+        sums = root / "a file" / "sums"  # below a file: mkdir fails
+    try:
+        model = tiny_model("llama", tied=True)
+        with split_directions():
+            analyze_sequence(
+                model,
+                torch.tensor([3, 5, 3]),
+                torch.tensor([8, 3, 1]),
+                Sampler(temperature=0.7, top_k=5),
+                Method(),
+                memory_budget_bytes=BUDGET,
+                sums_storage=SumsStorage(sums, memory_bytes=0),
+            )
+        outcome = "finished"
+    except Exception as error:  # what a worker's process does: report, go on
+        outcome = f"{type(error).__name__}: {error}"
+    (root / f"outcome{rank}").write_text(outcome)
+    dist.destroy_process_group()
+
+
+def test_a_process_without_room_for_its_sums_stops_the_others(tmp_path):
+    """Each process maps its own sums; where one cannot, every process fails at that table with its
+    message, instead of the others waiting in the next collective until the group's timeout."""
+    rendezvous = str(tmp_path / "rendezvous")
+    mp.spawn(_without_room, args=(PROCESSES, rendezvous, str(tmp_path)), nprocs=PROCESSES, join=True)
+    own, other = ((tmp_path / f"outcome{rank}").read_text() for rank in (1, 0))
+    assert own.startswith("NoRoomForSums: no room for") and "FISHERSCOPE_SUMS_DIR" in own
+    assert other.startswith("NoRoomForSums: process 1 of 2: no room for"), other
+    assert list((tmp_path / "sums0").iterdir()) == []  # its files were unlinked once mapped
 
 
 def run_alone_and_split(folder: Path, argv: list[str], *outputs: tuple[str, str]) -> tuple[Path, Path]:

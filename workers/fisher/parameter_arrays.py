@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from workers.fisher.shards import current_shard, first_failure
+
 
 class NoRoomForSums(OSError):
     """The folder of the mapped sums cannot take one more: no disk left (a mapped page written to a disk
@@ -37,11 +39,11 @@ def parameter_arrays(
     if backing is not None and device.type == "cpu":
         # a name of this process's (the processes of a worker, or of torchrun, share the folder)
         path = backing / f".{stat}.{os.getpid()}.sums"
+        _reserve_with_the_others(path, n_values * dtype.itemsize)
         try:
-            _reserve(path, n_values * dtype.itemsize)
             flat = torch.from_file(str(path), shared=True, size=n_values, dtype=dtype)
         finally:
-            path.unlink(missing_ok=True)  # the mapping keeps the pages
+            path.unlink()  # the mapping keeps the pages
     else:
         flat = torch.zeros(n_values, dtype=dtype, device=device)
     table, start = {}, 0
@@ -50,6 +52,26 @@ def parameter_arrays(
         table[name] = flat[start : start + size].view(shapes[name])
         start += size
     return table
+
+
+def _reserve_with_the_others(path: Path, nbytes: int) -> None:
+    """``_reserve`` (no file left where it raises). Where the analysis is split over processes
+    (``shards``), which make the same tables at the same step, every process fails when one has no room,
+    with that one's message."""
+    shard = current_shard()
+    if shard is None:
+        _reserve(path, nbytes)
+        return
+    try:
+        _reserve(path, nbytes)
+    except NoRoomForSums as error:
+        first_failure(str(error))
+        raise
+    failed = first_failure(None)
+    if failed is not None:
+        path.unlink()
+        rank, message = failed
+        raise NoRoomForSums(f"process {rank} of {shard.world}: {message}")
 
 
 def _reserve(path: Path, nbytes: int) -> None:
@@ -63,6 +85,9 @@ def _reserve(path: Path, nbytes: int) -> None:
             allocate = getattr(os, "posix_fallocate", None)
             if allocate is not None:
                 allocate(descriptor, 0, nbytes)
+        except OSError:
+            path.unlink()
+            raise
         finally:
             os.close(descriptor)
     except OSError as error:

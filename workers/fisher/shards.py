@@ -69,6 +69,15 @@ def check_agreement(total: int) -> None:
         )
 
 
+def first_failure(failure: str | None) -> tuple[int, str] | None:
+    """The first process whose step failed and its message, where one did. Every process calls this at
+    the same step, so a process that cannot go on (no disk for its mapped sums) stops the others there,
+    where they would otherwise wait for it in the next collective until the group's timeout."""
+    reports: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, failure)
+    return next(((rank, report) for rank, report in enumerate(reports) if report is not None), None)
+
+
 def sum_over_processes(tables: list[dict[str, torch.Tensor]], shapes: list[dict[str, tuple]]) -> None:
     """Sum each table's tensors over the processes, in place: a name no process has stays absent, one
     that some have is summed with zeros for the others (every process ends with the same tables).
