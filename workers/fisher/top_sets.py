@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from backend.vocabulary import SIGNED_STATS
+from workers.fisher import cpu_kernels
 from workers.fisher.concentration import (
     NAMED_FRACTIONS,
     Histogram,
@@ -41,6 +42,10 @@ def top_candidates(name: str, value: torch.Tensor, signed: bool, k: int = TOP_CO
     """The k largest coordinates of a tensor, by magnitude for a signed stat."""
     flat = value.reshape(-1)
     k = min(k, flat.numel())
+    if cpu_kernels.compiled_for(flat):
+        index = cpu_kernels.largest_indices(flat, k, magnitude=signed)
+        values = flat[index].tolist()
+        return [(abs(v), name, int(i), v) for i, v in zip(index.tolist(), values, strict=True)]
     if not signed:
         top = torch.topk(flat, k)
         return [(v, name, int(i), v) for i, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)]

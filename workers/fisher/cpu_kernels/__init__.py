@@ -8,6 +8,7 @@ test of which path a tensor's values take, and ``torch_ops_only`` sends CPU tens
   and ``selection`` (``select_grouped``): up to three stats given as their terms (``StatTerms``) are
   binned, summed or selected, never formed as arrays, each array read once for all of them, in float64.
 - ``largest`` (``largest_sum``): the exact top-k of a histogram's boundary bin.
+- ``top`` (``largest_indices``): a tensor's k largest values or magnitudes, for its top coordinates.
 - ``levels`` (``nested_levels``): the top-q level map.
 - ``block_sums``: pooled views, from a stat's terms in one pass.
 - ``pair_moments``: the ghost form's M with few rows, in register blocks.
@@ -29,6 +30,7 @@ from workers.fisher.cpu_kernels.threads import (
     each_in_threads,
     torch_ops_only,
 )
+from workers.fisher.cpu_kernels.top import largest_indices
 from workers.fisher.cpu_kernels.totals import TensorTotals, extra_share_mean, square_sum, tensor_totals
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "each_in_threads",
     "extra_share_mean",
     "histogram",
+    "largest_indices",
     "largest_sum",
     "nested_levels",
     "pair_moments",
