@@ -139,20 +139,10 @@ class MomentSums:
         self.device = m.hidden.device
         if self.positions == 1:
             self._materialize_squares()
-        track_squares = self.positions >= 1
         shifts = None if on_policy else m.kbar_mu.minus(m.kbar_p)  # small where both are
-        for name in self.names:
-            self._add_second_moments(m, name, on_policy)
-            if shifts is not None:
-                self._add("mean_shift", name, shifts.entry(name))
-                if track_squares:
-                    self._add_square("mean_shift_sq", name, shifts[name])
-                    self._add_square("kbar_mu_sq", name, m.kbar_mu[name])
-            self._add("common", name, m.kbar_p.entry(name))
-            if track_squares and self._keeps("common_sq"):
-                self._add_square("common_sq", name, m.kbar_p[name])
-            if m.policy_grad is not None:
-                self._add("policy_grad", name, m.policy_grad.entry(name))
+        # the squares of its first moments from the second position on (the first's are formed later)
+        squared = self._squared_moments(m, shifts) if self.positions >= 1 else []
+        self._fold(m, on_policy, shifts, squared, first_moments=True)
         self.positions += 1
 
     SECOND_MOMENTS = ("fisher", "fisher_p", "bound")
@@ -202,21 +192,40 @@ class MomentSums:
         (``second_moments_over``)."""
         on_policy = m.kbar_mu is m.kbar_p
         shifts = None if on_policy else m.kbar_mu.minus(m.kbar_p)
-        squared = self._squared_moments(m, shifts)
-        # each squared moment is formed into one kept buffer, a large tensor a block of rows at a time
-        # (``row_pieces``): a fresh array the size of the head costs as much in first-touch page faults
-        # as the rest of its square (150 ms a form on SmolLM2's tied table, twice per position off the
-        # policy), and a buffer of a block is the one the summary takes next from the same pool
+        self._fold(m, on_policy, shifts, self._squared_moments(m, shifts), first_moments=False)
+
+    def _fold(
+        self,
+        m: PositionMoments,
+        on_policy: bool,
+        shifts: FirstMoment | None,
+        squared: list[tuple[str, FirstMoment]],
+        first_moments: bool,
+    ) -> None:
+        """Each tensor's second moments of position ``m``, its first moments where asked, and the squares
+        of ``squared``, each formed into one kept buffer, a large tensor a block of rows at a time
+        (``row_pieces``). Why: a fresh array the size of the head costs as much in first-touch page faults
+        as the rest of its square (150 ms a form on SmolLM2's tied table, twice per position off the
+        policy), and a buffer of a block is the one the summary takes next from the same pool; formed
+        whole, the mean shift and kbar_mu of a tied table were two fresh arrays of its size at once."""
         largest = largest_piece(self.shapes)
-        scratch = summary_scratch.take(largest, self.dtype, self.device)
+        scratch = summary_scratch.take(largest, self.dtype, self.device) if squared else None
         try:
             for name in self.names:
                 self._add_second_moments(m, name, on_policy)
+                if first_moments:
+                    if shifts is not None:
+                        self._add("mean_shift", name, shifts.entry(name))
+                    self._add("common", name, m.kbar_p.entry(name))
+                    if m.policy_grad is not None:
+                        self._add("policy_grad", name, m.policy_grad.entry(name))
                 for key, moment in squared:
                     if self._keeps(key):  # after the second moments: rho's is kept once fisher_p is
+                        assert scratch is not None  # (for the type checker: taken where squared)
                         self._add_square_formed(key, name, moment, scratch)
         finally:
-            summary_scratch.give(scratch)
+            if scratch is not None:
+                summary_scratch.give(scratch)
 
     def _add_square_formed(self, key: str, name: str, moment: FirstMoment, scratch: torch.Tensor) -> None:
         """``_add_square`` of a first moment's tensor, formed in ``scratch`` a piece at a time."""
