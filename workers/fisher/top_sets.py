@@ -44,14 +44,12 @@ def top_candidates(name: str, value: torch.Tensor, signed: bool, k: int = TOP_CO
     k = min(k, flat.numel())
     if cpu_kernels.compiled_for(flat):
         index = cpu_kernels.largest_indices(flat, k, magnitude=signed)
-        values = flat[index].tolist()
-        return [(abs(v), name, int(i), v) for i, v in zip(index.tolist(), values, strict=True)]
-    if not signed:
-        top = torch.topk(flat, k)
-        return [(v, name, int(i), v) for i, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
-    index = _largest_magnitudes(flat, k)
+    elif signed:
+        index = _largest_magnitudes(flat, k)
+    else:
+        index = torch.topk(flat, k).indices
     values = flat[index].tolist()
-    return [(abs(v), name, int(i), v) for i, v in zip(index.tolist(), values, strict=True)]
+    return [(abs(v) if signed else v, name, int(i), v) for i, v in zip(index.tolist(), values, strict=True)]
 
 
 # values whose magnitudes are taken at a time: a tensor's whole |value| array was 1.2 GB of Qwen3-1.7B's
