@@ -78,7 +78,6 @@ class Settings(BaseSettings):
         description="memory a response's sums over positions may use (each parameter-sized); the rest are "
         "memory-mapped files in sums_dir, whose pages the kernel can write out (on the CPU)",
     )
-
     sums_dir: Path = Field(
         default=Path.home() / ".cache" / "fisherscope" / "sums",
         description="where the sums beyond sums_memory_bytes are mapped from (a file unlinked once mapped)",

@@ -157,18 +157,20 @@ def _told_to_all(control: ProcessGroup) -> Iterator[None]:
     group's timeout: nothing can tell them sooner.)"""
     import torch.distributed as dist
 
+    from workers.fisher.shards import first_failure
+
     failure: Exception | None = None
     try:
         yield
     except Exception as error:
         failure = error
-    reports: list[str | None] = [None] * dist.get_world_size(control)
-    dist.all_gather_object(reports, None if failure is None else _one_line(failure), group=control)
+    failed = first_failure(None if failure is None else _one_line(failure), group=control)
     if failure is not None:
         raise failure
-    for rank, report in enumerate(reports):
-        if report is not None:
-            raise RuntimeError(f"process {rank} of {len(reports)} of this worker failed: {report}")
+    if failed is not None:
+        rank, report = failed
+        processes = dist.get_world_size(control)
+        raise RuntimeError(f"process {rank} of {processes} of this worker failed: {report}")
 
 
 def _one_line(error: BaseException) -> str:

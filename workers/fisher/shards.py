@@ -69,12 +69,13 @@ def check_agreement(total: int) -> None:
         )
 
 
-def first_failure(failure: str | None) -> tuple[int, str] | None:
-    """The first process whose step failed and its message, where one did. Every process calls this at
-    the same step, so a process that cannot go on (no disk for its mapped sums) stops the others there,
-    where they would otherwise wait for it in the next collective until the group's timeout."""
-    reports: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(reports, failure)
+def first_failure(failure: str | None, group: dist.ProcessGroup | None = None) -> tuple[int, str] | None:
+    """The first process of ``group`` (the default one) whose step failed and its message, where one did.
+    Every process calls this at the same step, so a process that cannot go on (no disk for its mapped
+    sums) stops the others there, where they would otherwise wait for it in the next collective until
+    the group's timeout."""
+    reports: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(reports, failure, group=group)
     return next(((rank, report) for rank, report in enumerate(reports) if report is not None), None)
 
 

@@ -70,14 +70,16 @@ def largest_indices(tensor: torch.Tensor, k: int, magnitude: bool) -> torch.Tens
     in rank order: each part's k best (a part per thread), then the best k of those."""
     values = _flat(tensor)
     k = min(k, values.size)
+    if not k:
+        return torch.empty(0, dtype=torch.int64)
 
     def best(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         keys, indices = np.empty(k, np.float64), np.empty(k, np.int64)
         count = _best_into(values[lo:hi], lo, min(k, hi - lo), magnitude, keys, indices)
         return keys[:count], indices[:count]
 
-    found = _in_parts(values.size, best) if k else []
-    keys = np.concatenate([part[0] for part in found]) if found else np.empty(0)
-    indices = np.concatenate([part[1] for part in found]) if found else np.empty(0, np.int64)
+    found = _in_parts(values.size, best)
+    keys = np.concatenate([part[0] for part in found])
+    indices = np.concatenate([part[1] for part in found])
     order = np.lexsort((indices, -keys))[:k]  # larger key first, then the lower index
     return torch.from_numpy(indices[order])
