@@ -119,6 +119,58 @@ def test_the_attention_rule_folds_a_mask_that_vmap_batches():
         torch.testing.assert_close(batched[m], torch.func.grad(loss)(q, mask), rtol=1e-12, atol=1e-14)
 
 
+ACTIVATIONS = {
+    "silu": (torch.nn.functional.silu, "silu_backward", {}),
+    "gelu": (torch.nn.functional.gelu, "gelu_backward", {}),
+    "gelu tanh": (
+        lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+        "gelu_backward",
+        {"approximate": "tanh"},
+    ),
+    "tanh": (torch.tanh, "tanh_backward", {}),
+    "sigmoid": (torch.sigmoid, "sigmoid_backward", {}),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_an_activation_backward_takes_its_derivative_once_for_every_direction(activation, dtype):
+    """Each direction's gradient is its own backward's within the rounding of a product's order, and is
+    the gradient times the kernel's derivative (the kernel of a gradient of ones) bit for bit."""
+    function, kernel, kwargs = ACTIVATIONS[activation]
+    generator = torch.Generator().manual_seed(4)
+    x = (3 * torch.randn(4, 6, generator=generator, dtype=dtype)).requires_grad_()
+    out = function(x)
+    grads = torch.randn(5, *out.shape, generator=generator, dtype=dtype)
+    (batched,) = batched_grad(out, [x], grads)
+    saved = x if kernel in ("silu_backward", "gelu_backward") else out
+    derivative = getattr(torch.ops.aten, kernel)(torch.ones_like(saved), saved.detach(), **kwargs)
+    for b in range(grads.shape[0]):
+        (alone,) = torch.autograd.grad(out, [x], grad_outputs=grads[b], retain_graph=True)
+        torch.testing.assert_close(batched[b], alone)
+        assert torch.equal(batched[b], grads[b] * derivative)
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_an_activation_rule_batches_the_saved_tensor_and_nests(activation):
+    """Another torch.func user: the gradient per input of a batch of inputs (the saved tensor batched),
+    and a vmap inside a vmap (the rule hands the unwrapped tensors to the level outside its own)."""
+    function, _, _ = ACTIVATIONS[activation]
+    generator = torch.Generator().manual_seed(5)
+    xs = torch.randn(2, 3, 4, 6, generator=generator, dtype=torch.float64)
+    weights = torch.randn(4, 6, generator=generator, dtype=torch.float64)
+
+    def loss(x):
+        return (function(x) * weights).sum()
+
+    per_input = torch.func.vmap(torch.func.grad(loss))(xs[0])
+    nested = torch.func.vmap(torch.func.vmap(torch.func.grad(loss)))(xs)
+    for i in range(xs.shape[1]):
+        torch.testing.assert_close(per_input[i], torch.func.grad(loss)(xs[0, i]), rtol=1e-12, atol=1e-14)
+        for j in range(xs.shape[0]):
+            torch.testing.assert_close(nested[j, i], torch.func.grad(loss)(xs[j, i]), rtol=1e-12, atol=1e-14)
+
+
 def test_the_first_chunk_for_partial_results_stays_within_the_memory_budget(monkeypatch):
     """A small first chunk gives an early partial result; where the budget holds fewer directions than
     that, the first chunk is the budget's chunk, never more."""

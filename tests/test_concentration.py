@@ -456,6 +456,35 @@ def test_pooled_views_of_a_share_are_torchs_block_sums_of_it(extra, dtype):
         cpu_kernels.block_sums(StatTerms(base), rows * cols, [0, 1], [0, rows * cols], share=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_pooled_views_of_roots_are_block_sums_of_the_clamped_roots(dtype):
+    """A Fisher's roots as the bound reads them (``root``): each value clamped at 0, its square root
+    correctly rounded in the values' dtype (bfloat16 widened to float32 first, as every loop reads it),
+    summed in one pass as torch's ops sum them: bit for bit those of numpy's roots. Negative rounding
+    residues, zeros, -inf and inf; NaN stays NaN. torch's own float32 root may differ in the last bit
+    (this CPU's vectorized kernel is not always correctly rounded): the GPU's path within rounding."""
+    from workers.fisher.pooling import block_edges, block_sums_with_torch, pooled_view_and_total
+
+    rows, cols = 300, 7
+    values = (_values(rows * cols, seed=7) - 0.2).to(dtype)
+    values[::11] = 0.0
+    values[5], values[6] = -torch.inf, torch.inf
+    matrix = values.reshape(rows, cols)
+    row_edges, col_edges = block_edges(rows, 8), block_edges(cols, 5)
+    widened = matrix if dtype != torch.bfloat16 else matrix.float()
+    roots = torch.from_numpy(np.sqrt(widened.clamp_min(0).numpy()))
+    want = block_sums_with_torch(roots, row_edges, col_edges)
+    view, total = pooled_view_and_total(matrix, max_rows=8, max_cols=5, root=True)
+    assert torch.equal(torch.from_numpy(view["values"]), want.float())
+    assert total == float(want.sum())
+    with cpu_threads.torch_ops_only():  # a GPU's path: torch's ops on the formed roots
+        on_torch, _ = pooled_view_and_total(widened, max_rows=8, max_cols=5, root=True)
+    torch.testing.assert_close(torch.from_numpy(on_torch["values"]), want.float())
+    matrix[0, 0] = torch.nan
+    (nan_view, _) = pooled_view_and_total(matrix, max_rows=8, max_cols=5, root=True)
+    assert np.isnan(nan_view["values"][0, 0]) and not np.isnan(nan_view["values"][1:]).any()
+
+
 def test_block_sums_refuse_edges_that_miss_the_values():
     terms = StatTerms(torch.ones(12))
     with pytest.raises(ValueError, match="do not cover"):

@@ -50,3 +50,26 @@ def test_the_candidates_are_the_torch_paths(signed):
     with cpu_kernels.torch_ops_only():
         assert compiled == top_sets.top_candidates("w", values, signed)
     assert len(compiled) == top_sets.TOP_COORDINATES
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("parts", [False, True])
+def test_the_levels_at_thresholds_are_the_torch_paths(monkeypatch, dtype, parts):
+    """``levels_at`` on the CPU (one compiled pass) gives torch's searchsorted levels: values tied with a
+    threshold are in its set, 0 and negatives in none, NaN and inf in the smallest."""
+    if parts:
+        monkeypatch.setattr(cpu_threads, "PART_MIN_VALUES", 100)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    generator = torch.Generator().manual_seed(8)
+    values = torch.rand(40, 25, generator=generator, dtype=torch.float64).to(dtype)
+    named = [float(values[3, 4]), float(values[7, 1]), 0.5]  # two tied with values, q ascending
+    named.sort(reverse=True)
+    values[0, :4] = torch.tensor([0.0, -1.0, torch.inf, -torch.inf], dtype=dtype)
+    values[1, 0] = torch.nan
+    got = top_sets.levels_at(values, named)
+    with cpu_threads.torch_ops_only():
+        want = top_sets.levels_at(values, named)
+    assert got.dtype == torch.uint8 and got.shape == values.shape
+    assert torch.equal(got, want)
+    assert got[3, 4] > 0 and got[7, 1] > 0 and got[0, 0] == 0 and got[0, 1] == 0 and got[0, 2] == 1
+    assert got[1, 0] == 1 and set(got.unique().tolist()) == {0, 1, 2, 3}

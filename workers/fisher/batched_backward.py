@@ -10,10 +10,20 @@ batch dimension, so each direction's gradient is bit for bit what a call per dir
 
 The fused attention kernels of CUDA (flash, memory-efficient, cuDNN) have no rule either; functorch
 falls back to one call per direction there (as the legacy path did): slower, still exact.
+
+The backward of an activation (silu, gelu, tanh, sigmoid) is the gradient times the activation's
+derivative at the saved forward tensor, which every direction shares. functorch's own rule calls the
+kernel on the batch, so the derivative (an exp or erf per value) is formed again for every direction:
+on SmolLM2's shapes silu's backward took as long as three products (2.5 ms against 0.85 for 256
+directions of 16 rows). The rule here forms it once, as the kernel itself gives it (the kernel of a
+gradient of ones: each of these is linear in the gradient), and multiplies: the product's order
+differs from the kernel's, so a direction's gradient may differ in its last bit (tested within
+float32's rounding).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +39,11 @@ except ImportError:  # pragma: no cover - torch 2.13/2.14 have them
 _FLASH_CPU_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
 _TENSOR_ARGS = 6  # grad_out, query, key, value, out, logsumexp: each [N, ...]
 _ATTENTION_DIMS = 4  # [N, heads, L, S] for a mask; one of fewer dims broadcasts over N
+
+
+def _outside_this_level() -> torch._C._ExcludeDispatchKeyGuard:
+    """Within a rule: ops on the unwrapped tensors skip vmap's key (its levels outside run as usual)."""
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchBatched))
 
 
 def batched_grad(
@@ -72,7 +87,7 @@ def _batched_flash_cpu_backward(keyset, *args, attn_mask=None, scale=None):
     mask, mask_dim = _unwrap_batched(attn_mask, level) if attn_mask is not None else (None, None)
     tensors, dims = zip(*unwrapped[:_TENSOR_ARGS], strict=True)
     others = [a for a, _ in unwrapped[_TENSOR_ARGS:]]
-    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchBatched)):
+    with _outside_this_level():
         if all(d is None for d in dims) and mask_dim is None:  # nothing batched at this level
             return op(*tensors, *others, attn_mask=mask, scale=scale)
         grad_out, grad_dim = unwrapped[0]
@@ -84,15 +99,44 @@ def _batched_flash_cpu_backward(keyset, *args, attn_mask=None, scale=None):
     return tuple(_add_batch_dim(g.reshape(size, sequences, *g.shape[1:]), 0, level) for g in grads)
 
 
+# backward(grad, saved, ...) = grad * derivative(saved): the saved tensor is the input (silu, gelu) or
+# the output (tanh, sigmoid)
+_ACTIVATION_BACKWARDS = ("silu_backward", "gelu_backward", "tanh_backward", "sigmoid_backward")
+
+
+def _activation_rule(name: str):
+    def rule(keyset, grad_output, saved, **kwargs):
+        """vmap's rule: where only the gradient is batched, the derivative formed once and multiplied;
+        else the kernel on the batch, as functorch's own rule calls it."""
+        op = getattr(torch.ops.aten, name).default
+        level = retrieve_current_functorch_interpreter().level()
+        grad, grad_dim = _unwrap_batched(grad_output, level)
+        value, value_dim = _unwrap_batched(saved, level)
+        with _outside_this_level():
+            if value_dim is None:
+                if grad_dim is None:  # nothing batched at this level
+                    return op(grad, value, **kwargs)
+                derivative = op(torch.ones_like(value), value, **kwargs)
+                return _add_batch_dim(grad.movedim(grad_dim, 0) * derivative, 0, level)
+            value = value.movedim(value_dim, 0)
+            grad = grad.movedim(grad_dim, 0) if grad_dim is not None else grad.expand(value.shape)
+            return _add_batch_dim(op(grad, value, **kwargs), 0, level)
+
+    return rule
+
+
 def _register() -> torch.library.Library | None:
-    """The rule, unless this torch has its own (or lacks what the rule is written with: then functorch
-    calls the kernel once per direction, slower and as exact)."""
-    if not _INTERNALS or torch._C._dispatch_has_kernel_for_dispatch_key(
-        f"aten::{_FLASH_CPU_BACKWARD}", "FuncTorchBatched"
-    ):
+    """The rules (without what they are written with, functorch's own: slower, as exact). The attention
+    rule unless this torch has its own; the activations' replace functorch's."""
+    if not _INTERNALS:
         return None
     library = torch.library.Library("aten", "IMPL")
-    library.impl(_FLASH_CPU_BACKWARD, _batched_flash_cpu_backward, "FuncTorchBatched", with_keyset=True)
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_FLASH_CPU_BACKWARD}", "FuncTorchBatched"):
+        library.impl(_FLASH_CPU_BACKWARD, _batched_flash_cpu_backward, "FuncTorchBatched", with_keyset=True)
+    with warnings.catch_warnings():  # torch warns that a kernel it has is overridden: here on purpose
+        warnings.filterwarnings("ignore", "Warning only once for all operators")
+        for name in _ACTIVATION_BACKWARDS:
+            library.impl(name, _activation_rule(name), "FuncTorchBatched", with_keyset=True)
     return library
 
 

@@ -67,17 +67,24 @@ def pooled_view(
 
 
 def pooled_view_and_total(
-    value: torch.Tensor | StatTerms, max_rows: int = 128, max_cols: int = 128, share: bool = False
+    value: torch.Tensor | StatTerms,
+    max_rows: int = 128,
+    max_cols: int = 128,
+    share: bool = False,
+    root: bool = False,
 ) -> tuple[dict, float]:
     """``pooled_view`` and the tensor's total, the float64 sum of its block sums: one pass for both
-    (a float64 ``sum`` of a float32 tensor besides took 0.6 s per response position on SmolLM2)."""
+    (a float64 ``sum`` of a float32 tensor besides took 0.6 s per response position on SmolLM2).
+    ``root``: of the values' square roots, clamped at 0 first (``clamp_min(0).sqrt()``), without forming
+    them on the CPU."""
     terms = value if isinstance(value, StatTerms) else StatTerms(value.detach())
     rows, cols = grid_shape(tuple(terms.base.shape))
     row_edges, col_edges = block_edges(rows, max_rows), block_edges(cols, max_cols)
     if cpu_kernels.compiled_for(terms.base):
-        pooled = cpu_kernels.block_sums(terms, cols, row_edges, col_edges, share)
+        pooled = cpu_kernels.block_sums(terms, cols, row_edges, col_edges, share, root)
     else:
         values = terms.extra_share() if share else terms.formed()
+        values = values.clamp_min(0).sqrt() if root else values
         pooled = block_sums_with_torch(values.reshape(rows, cols), row_edges, col_edges).cpu().numpy()
     view = {
         "shape": list(pooled.shape),

@@ -21,6 +21,7 @@ from torch import nn
 
 from backend.vocabulary import Sampler
 from workers.fisher.capture import CapturedForward
+from workers.fisher.cpu_kernels import each_in_threads
 from workers.fisher.directions import LinearGroup, backprop_directions
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.pooling import pooled_view_and_total
@@ -44,13 +45,14 @@ class FisherRoots:
     def observe(self, moments: PositionMoments) -> None:
         """One position's moments, before the running sums take them over."""
         self.any_fisher |= not moments.fisher_zero
-        totals: dict[str, float] = {}
-        pooled: dict[str, np.ndarray] = {}
-        for name, fisher in moments.fisher.items():
-            view, totals[name] = pooled_view_and_total(fisher.clamp_min(0).sqrt_(), *self.grid)
-            pooled[name] = view["values"]
-        self.totals.append(totals)
-        self.pooled.append(pooled)
+        names = list(moments.fisher)
+
+        def roots(name: str) -> tuple[dict, float]:  # read in one pass, the roots never formed
+            return pooled_view_and_total(moments.fisher[name], *self.grid, root=True)
+
+        found = each_in_threads(roots, names, [moments.fisher[name].numel() for name in names])
+        self.totals.append({name: total for name, (_, total) in zip(names, found, strict=True)})
+        self.pooled.append({name: view["values"] for name, (view, _) in zip(names, found, strict=True)})
 
     def bound_totals(self, stds: list[float], name: str) -> float:
         return sum(std * totals[name] for std, totals in zip(stds, self.totals, strict=True))

@@ -127,6 +127,8 @@ def levels_at(values: torch.Tensor, named: list[float]) -> torch.Tensor:
     of ``overlap``, and what a reward change reads instead of the Fisher (``workers.fisher.reward_pass``).
     """
     ascending = torch.tensor(sorted(named), dtype=values.dtype, device=values.device)  # named: q ascending
+    if cpu_kernels.compiled_for(values):
+        return cpu_kernels.threshold_levels(values, ascending)
     reached = torch.searchsorted(ascending, values, right=True)  # how many thresholds value is at or above
     levels = (len(named) + 1 - reached).to(torch.uint8)
     levels[(reached == 0) | (values <= 0)] = 0

@@ -9,7 +9,7 @@ test of which path a tensor's values take, and ``torch_ops_only`` sends CPU tens
   binned, summed or selected, never formed as arrays, each array read once for all of them, in float64.
 - ``largest`` (``largest_sum``): the exact top-k of a histogram's boundary bin.
 - ``top`` (``largest_indices``): a tensor's k largest values or magnitudes, for its top coordinates.
-- ``levels`` (``nested_levels``): the top-q level map.
+- ``levels`` (``nested_levels``, ``threshold_levels``): the top-q level map.
 - ``block_sums``: pooled views, from a stat's terms in one pass.
 - ``pair_moments``: the ghost form's M with few rows, in register blocks.
 - ``threads``, ``llvm``, ``arrays``: where the loops run, the LLVM helpers they share, how they see
@@ -19,7 +19,7 @@ test of which path a tensor's values take, and ``torch_ops_only`` sends CPU tens
 from workers.fisher.cpu_kernels.block_sums import block_sums
 from workers.fisher.cpu_kernels.histogram import TensorPass, histogram, tensor_pass
 from workers.fisher.cpu_kernels.largest import largest_sum
-from workers.fisher.cpu_kernels.levels import TIES_KEPT, nested_levels
+from workers.fisher.cpu_kernels.levels import TIES_KEPT, nested_levels, threshold_levels
 from workers.fisher.cpu_kernels.pair_moments import pair_moments
 from workers.fisher.cpu_kernels.selection import HIT_BINS, _hit_bins, select_grouped
 from workers.fisher.cpu_kernels.threads import (
@@ -55,5 +55,6 @@ __all__ = [
     "square_sum",
     "tensor_pass",
     "tensor_totals",
+    "threshold_levels",
     "torch_ops_only",
 ]

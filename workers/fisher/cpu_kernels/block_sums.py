@@ -15,15 +15,17 @@ import numpy as np
 from workers.fisher.cpu_kernels.arrays import _extra_share, _slot
 from workers.fisher.terms import NO_EXTRA_TERM, StatTerms
 
-_SHARE = np.empty(0, np.bool_)  # ``_block_sums_into``'s switch to shares: a value, where None is off
+_SHARE = np.empty(0, np.bool_)  # ``_block_sums_into``'s switches (shares, roots): a value, where None is off
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")  # x / 0 is inf or nan, as in torch
 def _block_sums_into(  # pragma: no cover - compiled
-    a, a_plus, a_square, share, width, row_edges, col_edges, grid
+    a, a_plus, a_square, share, root, width, row_edges, col_edges, grid
 ):
     # A stat (a: base, + plus, + square * square; None: no such term; ``share`` not None: the extra
-    # term's share of that sum instead, as ``StatTerms.extra_share`` rounds it) as rows of ``width``
+    # term's share of that sum instead, as ``StatTerms.extra_share`` rounds it; ``root`` not None: its
+    # square root where it is not negative, 0 where it is, in its dtype, as torch's clamp_min(0).sqrt())
+    # as rows of ``width``
     # values: each row block's column sums in float64 (a loop over columns, which the compiler
     # vectorizes), then those sums per column block, in the order torch's index_add_ over rows and then
     # columns adds them. Views of each row indexed from 0 take vectors: a[at + j] kept the loop scalar
@@ -44,6 +46,10 @@ def _block_sums_into(  # pragma: no cover - compiled
                     v = v + plus[j]
                 if a_square is not None:
                     v = v + square[j] * square[j]
+                if root is not None:
+                    if v < 0:  # NaN stays NaN, as in clamp_min; a float32 zero keeps a float32 v float32
+                        v = np.float32(0.0)
+                    v = np.sqrt(v)
                 if share is None:  # pruned: the argument's type decides
                     column[j] += np.float64(v)
                 elif a_plus is not None:
@@ -58,11 +64,17 @@ def _block_sums_into(  # pragma: no cover - compiled
 
 
 def block_sums(
-    terms: StatTerms, width: int, row_edges: Sequence[int], col_edges: Sequence[int], share: bool = False
+    terms: StatTerms,
+    width: int,
+    row_edges: Sequence[int],
+    col_edges: Sequence[int],
+    share: bool = False,
+    root: bool = False,
 ) -> np.ndarray:
     """float64 [row blocks, column blocks]: the sums of a stat of CPU arrays (``StatTerms``, not formed;
-    ``share``: its ``extra_share()``, rho's form) seen as rows of ``width`` values over the blocks the
-    edges give. One pass, one core: the caller runs tensors in threads."""
+    ``share``: its ``extra_share()``, rho's form; ``root``: its square root, clamped at 0 first) seen as
+    rows of ``width`` values over the blocks the edges give. One pass, one core: the caller runs tensors
+    in threads."""
     if share and terms.extra is None:
         raise ValueError(NO_EXTRA_TERM)
     a, a_plus, a_square = _slot(terms)
@@ -72,5 +84,6 @@ def block_sums(
         raise ValueError("the block edges do not cover the stat's rows and columns")
     grid = np.zeros((max(0, len(row_edges) - 1), max(0, len(col_edges) - 1)), np.float64)
     rows, cols = np.asarray(row_edges, np.int64), np.asarray(col_edges, np.int64)
-    _block_sums_into(a, a_plus, a_square, _SHARE if share else None, width, rows, cols, grid)
+    switches = (_SHARE if share else None, _SHARE if root else None)
+    _block_sums_into(a, a_plus, a_square, *switches, width, rows, cols, grid)
     return grid
