@@ -244,3 +244,14 @@ def test_ties_noted_in_the_first_pass_need_no_second(monkeypatch):
     assert any(t.value == pytest.approx(0.98765) for t in named)
     nothing, _ = top_q_levels(lambda: iter(chunks), total, ())  # no set: no threshold read
     assert torch.equal(nothing, torch.zeros(total, dtype=torch.uint8))
+
+
+def test_a_linear_heads_scale_is_ones_held_once():
+    """g'(l) of a linear head: ones over the vocabulary, one value held (each response position's record
+    keeps it); a softcapped head's own array."""
+    weight = torch.randn(7, 3)
+    ones = LogitJacobian(weight, None).head_scale()
+    assert torch.equal(ones, torch.ones(7, dtype=torch.float64))
+    assert ones.untyped_storage().nbytes() == ones.element_size()
+    scale = torch.rand(7, dtype=torch.float64)
+    assert LogitJacobian(weight, scale).head_scale() is scale

@@ -32,9 +32,10 @@ class LogitJacobian:
         return int(self.weight.shape[0])
 
     def head_scale(self) -> torch.Tensor:
-        """[V] float64 g'(l): the factor of the head's own closed form (ones for a linear head)."""
+        """[V] float64 g'(l): the factor of the head's own closed form (ones for a linear head, one value
+        seen V times: each response position's record keeps it, 1.2 MB at Qwen3's vocabulary). Read only."""
         if self.scale is None:
-            return torch.ones(self.vocab_size, dtype=torch.float64, device=self.weight.device)
+            return torch.ones(1, dtype=torch.float64, device=self.weight.device).expand(self.vocab_size)
         return self.scale
 
     def rows(self, index: torch.Tensor | list[int] | int) -> torch.Tensor:
