@@ -72,9 +72,9 @@ def block_sums(
     root: bool = False,
 ) -> np.ndarray:
     """float64 [row blocks, column blocks]: the sums of a stat of CPU arrays (``StatTerms``, not formed;
-    ``share``: its ``extra_share()``, rho's form; ``root``: its square root, clamped at 0 first) seen as
-    rows of ``width`` values over the blocks the edges give. One pass, one core: the caller runs tensors
-    in threads."""
+    ``share``: its ``extra_share()``, rho's form; ``root``: its square root, clamped at 0 first and
+    correctly rounded) seen as rows of ``width`` values over the blocks the edges give. One pass, one
+    core: the caller runs tensors in threads."""
     if share and terms.extra is None:
         raise ValueError(NO_EXTRA_TERM)
     a, a_plus, a_square = _slot(terms)
