@@ -75,8 +75,8 @@ def pooled_view_and_total(
 ) -> tuple[dict, float]:
     """``pooled_view`` and the tensor's total, the float64 sum of its block sums: one pass for both
     (a float64 ``sum`` of a float32 tensor besides took 0.6 s per response position on SmolLM2).
-    ``root``: of the values' square roots, clamped at 0 first (``clamp_min(0).sqrt()``), without forming
-    them on the CPU."""
+    ``root``: of the values' square roots, clamped at 0 first (``clamp_min(0).sqrt()``); on the CPU
+    without forming them, each root correctly rounded (torch's vectorized one may differ in its last bit)."""
     terms = value if isinstance(value, StatTerms) else StatTerms(value.detach())
     rows, cols = grid_shape(tuple(terms.base.shape))
     row_edges, col_edges = block_edges(rows, max_rows), block_edges(cols, max_cols)

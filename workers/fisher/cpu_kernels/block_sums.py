@@ -24,9 +24,8 @@ def _block_sums_into(  # pragma: no cover - compiled
 ):
     # A stat (a: base, + plus, + square * square; None: no such term; ``share`` not None: the extra
     # term's share of that sum instead, as ``StatTerms.extra_share`` rounds it; ``root`` not None: its
-    # square root where it is not negative, 0 where it is, in its dtype, as torch's clamp_min(0).sqrt())
-    # as rows of ``width``
-    # values: each row block's column sums in float64 (a loop over columns, which the compiler
+    # square root in its dtype, correctly rounded, 0 where it is negative) as rows of ``width`` values:
+    # each row block's column sums in float64 (a loop over columns, which the compiler
     # vectorizes), then those sums per column block, in the order torch's index_add_ over rows and then
     # columns adds them. Views of each row indexed from 0 take vectors: a[at + j] kept the loop scalar
     # (three to five times slower, the same sums bit for bit)
