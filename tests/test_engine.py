@@ -347,3 +347,37 @@ def test_a_response_with_its_sums_in_mapped_files_has_the_same_summary(tiny_rand
     for key in ("totals", "tensors", "concentration", "top_coordinates", "positions"):
         assert mapped[key] == in_memory[key], key
     assert list((tmp_path / "sums").iterdir()) == []
+
+
+def test_each_partials_positions_are_its_records_summaries(tiny_random, monkeypatch):
+    """Position summaries are kept between partial results and made again for a replaced record: as the
+    exact pass finishes positions, a partial shows their exact entries, the others their earlier ones."""
+    from workers import engine
+
+    monkeypatch.setattr(engine._Partials, "MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(engine._Partials, "COST_MULTIPLE", 0.0)
+    made: list[int] = []
+    summarise = engine.position_summary
+
+    def counted(record, index, decode, reward):
+        made.append(index)
+        return summarise(record, index, decode, reward)
+
+    monkeypatch.setattr(engine, "position_summary", counted)
+    partials: list[dict] = []
+    job = _job(tiny_random, continuation=" and a slice of cake")  # on the policy: a refining round
+    analysis = analyze_job(tiny_random, job, Settings(), on_partial=lambda s, k: partials.append(s))
+    final = analysis.summary["positions"]
+    exact_counts = []
+    for partial in partials:
+        entries = partial["positions"]
+        exact = [i for i, entry in enumerate(entries) if entry == final[i]]
+        assert exact == list(range(len(exact)))  # positions turn exact in order, shown with their entry
+        assert all(entry["kept_share"] < 1 for entry in entries[len(exact) :])
+        exact_counts.append(len(exact))
+    # the first pass's, the refining round's, then one after each exact position (none past 99% of the
+    # trace)
+    assert exact_counts == [0, 0, *range(1, len(partials) - 1)] and len(partials) > 3
+    # each record summarised once for the partials (the first pass's, the round's, the exact pass's),
+    # and every position once more for the result
+    assert len(made) <= 4 * len(final)

@@ -179,6 +179,12 @@ def test_c_mu_in_blocks_of_rows_is_the_covariance_of_the_rows(model, monkeypatch
     torch.testing.assert_close(cov.mean_row, mean, rtol=1e-12, atol=1e-14)
     got = (cov.eigenvectors * cov.eigenvalues) @ cov.eigenvectors.T
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    # without centering: the spectrum of C_mu + jbar jbar^T, decomposed once for every record that reads it
+    uncentered = cov.uncentered_eigenvalues()
+    torch.testing.assert_close(
+        uncentered, torch.linalg.eigvalsh(want + torch.outer(mean, mean)).flip(0), rtol=1e-10, atol=1e-12
+    )
+    assert cov.uncentered_eigenvalues() is uncentered
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,8 @@ class OutputCovariance:
     # the rows the Gram product read, where not q's whole support: then the decomposition is C_S's
     rows_read: int | None = None
     rest_trace: float = 0.0  # trace(C_q) - trace(C_S): what the rows not read carry
+    # a response's refining round and its exact pass each record the plans' one C_q: decomposed once
+    _uncentered: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def whole(self) -> bool:
@@ -65,9 +67,11 @@ class OutputCovariance:
 
     def uncentered_eigenvalues(self) -> torch.Tensor:
         """Spectrum of C_q + wbar wbar^T (the second moment without centering)."""
-        v = self.eigenvectors
-        second = (v * self.eigenvalues) @ v.T + torch.outer(self.mean_row, self.mean_row)
-        return torch.linalg.eigvalsh(second).flip(0)
+        if self._uncentered is None:
+            v = self.eigenvectors
+            second = (v * self.eigenvalues) @ v.T + torch.outer(self.mean_row, self.mean_row)
+            self._uncentered = torch.linalg.eigvalsh(second).flip(0)
+        return self._uncentered
 
 
 # column blocks of the Gram product's lower triangle: 4 do 10/16 of the full product's flops (a quarter
