@@ -165,9 +165,9 @@ def _staged(progress: ProgressCallback | None) -> ProgressCallback:
 
 @dataclass
 class PositionSummaries:
-    """Each position's summary (``position_summary``), made once per record: a response's partial
-    results keep a position's record until a pass replaces it, and summarised every position again at
-    every partial (16 tokens: 256 summaries, about 2 s of the service's run)."""
+    """Each position's summary (``position_summary``), made once per record. Why: a response's partial
+    results keep a position's record until a pass replaces it, and summarising every position at every
+    partial made 256 summaries for 16 tokens, about 2 s of the service's run."""
 
     decode: Callable[[int], str]
     reward: torch.Tensor | None
