@@ -105,10 +105,11 @@ _ACTIVATION_BACKWARDS = ("silu_backward", "gelu_backward", "tanh_backward", "sig
 
 
 def _activation_rule(name: str):
+    op = getattr(torch.ops.aten, name).default
+
     def rule(keyset, grad_output, saved, **kwargs):
         """vmap's rule: where only the gradient is batched, the derivative formed once and multiplied;
         else the kernel on the batch, as functorch's own rule calls it."""
-        op = getattr(torch.ops.aten, name).default
         level = retrieve_current_functorch_interpreter().level()
         grad, grad_dim = _unwrap_batched(grad_output, level)
         value, value_dim = _unwrap_batched(saved, level)
