@@ -140,12 +140,12 @@ def estimate_cost(
     info: SizedModel,
     job: AnalysisJob,
     flops_per_second: float,
-    chunk_bytes: int = 1 << 30,
+    workspace_bytes: int = 2 << 30,
     partials: bool = False,
     sums_memory_bytes: int | None = None,
 ) -> CostEstimate:
     """Flops of the direction pass, and seconds of the whole analysis, of `job` at `flops_per_second`;
-    its peak memory with direction chunks of ``chunk_bytes`` and a response's sums in memory up to
+    its peak memory with the engine's workspace of ``workspace_bytes`` and a response's sums in memory up to
     ``sums_memory_bytes`` (``backend.memory_estimate``). ``partials``: the analysis gives partial results
     (the service's do), and a response's seconds count its first pass."""
     flops = estimate_flops(info, job)
@@ -154,7 +154,7 @@ def estimate_cost(
         seconds=estimate_seconds(info, job, flops_per_second, partials),
         directions=backward_directions(info, job),
         upper_bound=job.method.name == MethodName.truncated,
-        peak_bytes=estimate_peak(info, job, chunk_bytes, sums_memory_bytes).total,
+        peak_bytes=estimate_peak(info, job, workspace_bytes, sums_memory_bytes).total,
     )
 
 

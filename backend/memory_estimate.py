@@ -4,9 +4,9 @@ Why: an analysis that does not fit is killed by the kernel part way through (a w
 with it), after minutes of work. What it holds at its peak: the weights; the parameter-sized sums (a
 prefix's Fisher, and the Fisher under p when rho is asked; along a response, every sum over positions,
 whose squares are not low rank); the summary's workspace, a few arrays of a block of rows
-(``PIECE_VALUES``) in each thread; a direction chunk (the engine's budget) and the ghost moments kept
-between chunks (within the budget again, reached at long contexts); along a response, what its
-first pass and refining round keep for the exact pass (within the budget again); one array of the largest
+(``PIECE_VALUES``) in each thread; the engine's workspace (``backend.workspace``): a direction chunk in
+one half, in the other the ghost moments kept between chunks (reached at long contexts) and, along a
+response, what its first pass and refining round keep for the exact pass; one array of the largest
 tensor (the certificate's backward holds a tied table's gradient from the head until the lookup's
 arrives); the runtime; and what the allocator keeps beyond the arrays alive, fitted on
 `benchmarks/bench_scale.py`.
@@ -23,6 +23,7 @@ from backend.schemas import AnalysisJob
 from backend.settings import Settings
 from backend.square_forms import ghost_entries
 from backend.vocabulary import PIECE_VALUES, takes_a_first_pass
+from backend.workspace import between_chunks_bytes, chunk_bytes
 
 VALUE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 # Python, torch, transformers and the tokenizer, loaded (SmolLM2-135M's run peaks at 0.9 GB in all)
@@ -82,9 +83,9 @@ def context_lengths(job: AnalysisJob) -> list[int]:
     return [n_prefix + t - 1 for t in range(1, n_response + 1)]
 
 
-def kept_between_passes(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> int:
-    """What a response's first pass keeps for its exact pass (``response._FirstPass``), at most a
-    workspace's worth (``chunk_bytes``): per position its plans (C_mu's eigenvectors, each Fisher's
+def kept_between_passes(model: MeasuredModel, job: AnalysisJob) -> int:
+    """What a response's first pass keeps for its exact pass (``response._FirstPass``), were nothing else
+    in the workspace's share between chunks: per position its plans (C_mu's eigenvectors, each Fisher's
     directions: d x d float64 each, and a float64 row of the vocabulary per Fisher) and its refining
     round's ghost moments per Fisher, ``ghost_entries(n)`` values per block output, of which there are
     fewer than the parameters over d_model."""
@@ -95,17 +96,25 @@ def kept_between_passes(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int
     plans = 8 * ((1 + fishers) * model.d_model**2 + fishers * model.vocab_size)
     outputs = model.n_params // model.d_model
     value = VALUE_BYTES.get(job.dtype, 4)
-    return min(chunk_bytes, sum(plans + fishers * outputs * ghost_entries(n) * value for n in lengths))
+    return sum(plans + fishers * outputs * ghost_entries(n) * value for n in lengths)
 
 
-def ghost_moments_between_chunks(model: MeasuredModel, job: AnalysisJob, chunk_bytes: int) -> int:
-    """What a position's exact pass keeps between its direction chunks: each ghost block's moments M,
-    ``ghost_entries(n)`` values per output at the longest context, within a workspace's worth
-    (``block_squares.SquareAccumulator``). Small at a short context; at the budget from ~30 tokens on
-    Qwen3-0.6B's shape, where it is a second workspace beside the chunk's."""
+def ghost_moments_between_chunks(model: MeasuredModel, job: AnalysisJob) -> int:
+    """What a position's exact pass keeps between its direction chunks were nothing else in the share:
+    each ghost block's moments M, ``ghost_entries(n)`` values per output at the longest context
+    (``block_squares.SquareAccumulator``). Small at a short context; past the share from ~30 tokens on
+    Qwen3-0.6B's shape."""
     outputs = model.n_params // model.d_model
     value = VALUE_BYTES.get(job.dtype, 4)
-    return min(chunk_bytes, outputs * ghost_entries(max(context_lengths(job))) * value)
+    return outputs * ghost_entries(max(context_lengths(job))) * value
+
+
+def between_chunks(model: MeasuredModel, job: AnalysisJob, workspace_bytes: int) -> int:
+    """The workspace's share between chunks as the analysis fills it: the kept plans and moments and the
+    ghost moments together, never above the share (``_FirstPass.held_after``: a position's ghost moments
+    have what the positions after it leave)."""
+    wanted = kept_between_passes(model, job) + ghost_moments_between_chunks(model, job)
+    return min(between_chunks_bytes(workspace_bytes), wanted)
 
 
 def position_arrays(job: AnalysisJob) -> int:
@@ -134,19 +143,19 @@ def summary_tables(job: AnalysisJob) -> int:
 
 
 def estimate_peak(
-    model: MeasuredModel, job: AnalysisJob, chunk_bytes: int, sums_memory_bytes: int | None = None
+    model: MeasuredModel, job: AnalysisJob, workspace_bytes: int, sums_memory_bytes: int | None = None
 ) -> PeakMemory:
-    """``sums_memory_bytes``: what a response's sums over positions may hold in memory, the rest mapped
-    from files (``workers.fisher.parameter_arrays.SumsStorage``: whole sums, in the order they are
-    made); None: all in memory."""
+    """``workspace_bytes``: the engine's (``Settings.engine_memory_bytes``). ``sums_memory_bytes``: what
+    a response's sums over positions may hold in memory, the rest mapped from files
+    (``workers.fisher.parameter_arrays.SumsStorage``: whole sums, in the order they are made); None: all
+    in memory."""
     value = VALUE_BYTES.get(job.dtype, 4)
     largest_values = model.vocab_size * model.d_model
     block = min(largest_values, PIECE_VALUES)
     summary = SUMMARY_THREADS * (summary_tables(job) + 1) * block * value
     slack = int(SLACK_BYTES_PER_PARAM * model.n_params)
-    kept = kept_between_passes(model, job, chunk_bytes)
-    ghost = ghost_moments_between_chunks(model, job, chunk_bytes)
-    workspace = summary + chunk_bytes + ghost + kept + largest_values * value + RUNTIME_BYTES + slack
+    engine = chunk_bytes(workspace_bytes) + between_chunks(model, job, workspace_bytes)
+    workspace = summary + engine + largest_values * value + RUNTIME_BYTES + slack
     arrays = parameter_sized_sums(job)
     mapped = 0
     if along_a_response(job) and sums_memory_bytes is not None:
@@ -169,7 +178,11 @@ def machine_memory_bytes() -> int:
 
 
 def what_would_fit(
-    model: MeasuredModel, job: AnalysisJob, chunk_bytes: int, limit: int, sums_memory_bytes: int | None = None
+    model: MeasuredModel,
+    job: AnalysisJob,
+    workspace_bytes: int,
+    limit: int,
+    sums_memory_bytes: int | None = None,
 ) -> list[str]:
     """The changes to ``job`` that bring its peak within ``limit``, each on its own."""
     variants = {
@@ -184,7 +197,7 @@ def what_would_fit(
     return [
         change
         for change, variant in variants.items()
-        if variant != job and estimate_peak(model, variant, chunk_bytes, sums_memory_bytes).total <= limit
+        if variant != job and estimate_peak(model, variant, workspace_bytes, sums_memory_bytes).total <= limit
     ]
 
 

@@ -71,7 +71,9 @@ class Settings(BaseSettings):
         description="`fisherscope serve` queues the first page's example analysis once its model is loaded",
     )
     engine_memory_bytes: int = Field(
-        default=1 << 30, description="memory one direction chunk of the engine may use (bytes)"
+        default=2 << 30,
+        description="the engine's workspace (bytes): half for a chunk of directions' gradients, half for "
+        "what it holds between chunks and passes (ghost moments, a response's kept plans)",
     )
     sums_memory_bytes: int = Field(
         default=4 << 30,

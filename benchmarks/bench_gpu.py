@@ -92,7 +92,7 @@ QUICK = {
 }
 TOP_K_50 = {"temperature": 0.7, "top_k": 50}  # the dashboard's first example's sampler
 TARGETS_S = {("smollm2-135m", 5): 0.3, ("smollm2-135m", 32): 1.0, ("qwen3-1.7b", 5): 2.0}
-LARGE_BUDGET = 16 << 30  # bytes a direction chunk may use beside the worker's default (1 GiB)
+LARGE_BUDGET = 32 << 30  # the engine workspace (half of it a direction chunk) beside the default 2 GiB
 REPEATS = 3
 
 

@@ -207,7 +207,7 @@ def test_the_first_chunk_for_partial_results_stays_within_the_memory_budget(monk
             squares,
             linears,
             [],
-            memory_budget_bytes=budget_directions * per_direction,
+            memory_budget_bytes=2 * budget_directions * per_direction,  # a chunk: half the workspace
             on_chunk=lambda snapshot, done: None,
         )
         assert sizes[0] == first and max(sizes) <= budget_directions and sum(sizes) == 41
@@ -258,7 +258,7 @@ def test_partial_results_come_only_once_square_directions_are_in():
         squares,
         linears,
         [],
-        memory_budget_bytes=4 * per_direction,
+        memory_budget_bytes=2 * 4 * per_direction,  # chunks of 4: half the workspace
         on_chunk=lambda snapshot, counts: done.append(counts),
     )
     # chunks [0, 4), [4, 5), [5, 9), [9, 13), [13, 15): none after the lead, none after the last
@@ -287,7 +287,7 @@ def test_chunks_and_snapshots_between_them_give_the_squares_of_one_chunk():
             [SquareGroup("fisher", vectors, weights)],
             [],
             [],
-            memory_budget_bytes=budget_directions * per_direction,
+            memory_budget_bytes=2 * budget_directions * per_direction,  # a chunk: half the workspace
             on_chunk=lambda snapshot, counts: snapshots.append(snapshot()),
         )
         return results.squares["fisher"]
@@ -357,7 +357,7 @@ def test_a_probe_summed_from_a_complete_basis_is_its_own_backward(budget_directi
             [SquareGroup("fisher", directions, weights[: directions.shape[0]])],
             [],
             probes,
-            memory_budget_bytes=budget_directions * per_direction,
+            memory_budget_bytes=2 * budget_directions * per_direction,  # a chunk: half the workspace
             on_chunk=None
             if snapshots is None
             else lambda snapshot, done: snapshots.append((snapshot(), done)),

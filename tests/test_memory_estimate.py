@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from backend import registry as catalog
 from backend.main import create_app
 from backend.memory_estimate import (
+    between_chunks,
     estimate_peak,
     ghost_moments_between_chunks,
     kept_between_passes,
@@ -23,6 +24,7 @@ from backend.memory_estimate import (
 from backend.schemas import AnalysisJob
 from backend.settings import Settings, get_settings
 from backend.vocabulary import Method, MethodName, Sampler
+from backend.workspace import between_chunks_bytes
 from tests.test_cli import assert_one_line_error, run_cli
 from tests.tiny_models import BUDGET, tiny_llama
 from workers.fisher import block_squares, directions, response
@@ -103,16 +105,16 @@ def test_the_sums_counted_are_those_the_engine_holds(fields, positions):
 
 def test_what_a_responses_first_pass_keeps_is_within_its_estimate(monkeypatch):
     """The plans and refining round's ghost moments a response's first pass keeps for its exact pass
-    stay within what the estimate counts, which is at most a workspace's worth; nothing for a prefix,
-    nor where no first pass runs (a truncated plan)."""
+    stay within what the estimate counts and within the workspace's share between chunks; nothing for a
+    prefix, nor where no first pass runs (a truncated plan)."""
     job = _job(continuation_ids=[4, 7, 9, 2], sampler=OFF_POLICY, rho=True)
     model, info = _tiny_tied_model()
     counted: list[int] = []
     held: list[int] = []
     keeps, release = response._FirstPass._keeps, response._FirstPass.release
 
-    def counting(self, nbytes: int) -> bool:
-        kept = keeps(self, nbytes)
+    def counting(self, t: int, nbytes: int) -> bool:
+        kept = keeps(self, t, nbytes)
         counted.append(self.kept_bytes)
         return kept
 
@@ -126,23 +128,22 @@ def test_what_a_responses_first_pass_keeps_is_within_its_estimate(monkeypatch):
     _off_policy(model, job, memory_budget_bytes=BUDGET, on_partial=lambda snapshot, kept_share: None)
     plans = 8 * (3 * 16**2 + 2 * 41) * len(job.continuation_ids)
     # what is held, what the first pass counts it as, and the estimate: the round's moments too
-    assert plans < held[0] <= max(counted) <= kept_between_passes(info, job, BUDGET)
-    assert kept_between_passes(SMOLLM2, _job(), 1 << 30) == 0
-    assert (
-        kept_between_passes(
-            SMOLLM2,
-            _job(continuation_ids=[4, 7], method=Method(name=MethodName.truncated, fraction=0.5)),
-            1 << 30,
-        )
-        == 0
-    )
-    assert kept_between_passes(SMOLLM2, _job(continuation_ids=list(range(64))), 1 << 30) == 1 << 30
+    assert plans < held[0] <= max(counted) <= kept_between_passes(info, job)
+    assert max(counted) <= between_chunks_bytes(BUDGET)
+    assert kept_between_passes(SMOLLM2, _job()) == 0
+    truncated = Method(name=MethodName.truncated, fraction=0.5)
+    assert kept_between_passes(SMOLLM2, _job(continuation_ids=[4, 7], method=truncated)) == 0
+    # a long response would keep more than the share: the share bounds it, the ghost moments within it
+    long = _job(continuation_ids=list(range(64)))
+    assert kept_between_passes(SMOLLM2, long) > 1 << 30
+    assert between_chunks(SMOLLM2, long, 2 << 30) == between_chunks_bytes(2 << 30) == 1 << 30
 
 
-@pytest.mark.parametrize("budget", [1 << 30, 24_000])
+@pytest.mark.parametrize("budget", [2 << 30, 48_000])
 def test_the_ghost_moments_kept_between_chunks_are_within_their_estimate(monkeypatch, budget):
     """A position's exact pass keeps each ghost block's moments between its direction chunks: as many as
-    the estimate counts at the longest context, within the budget (24 kB: some blocks' M only)."""
+    the estimate counts at the longest context, within the workspace's share between chunks (of 24 kB:
+    some blocks' M only)."""
     job = _job(continuation_ids=[4, 7, 9, 2, 6, 1, 3], sampler=OFF_POLICY)
     model, info = _tiny_tied_model()
     held: list[int] = []
@@ -155,10 +156,67 @@ def test_the_ghost_moments_kept_between_chunks_are_within_their_estimate(monkeyp
     monkeypatch.setattr(block_squares.SquareAccumulator, "add_matrix", counting)
     monkeypatch.setattr(directions, "_chunk_size", lambda capture, budget: 4)  # several chunks a position
     _off_policy(model, job, memory_budget_bytes=budget, fisher_under_p=False)  # one square group
-    estimated = ghost_moments_between_chunks(info, job, budget)
-    assert 0 < max(held) <= estimated <= budget
-    if budget < estimated * 2:
-        assert max(held) > budget / 2  # the budget, not the blocks, bounds it
+    estimated = ghost_moments_between_chunks(info, job)
+    share = between_chunks_bytes(budget)
+    assert 0 < max(held) <= min(estimated, share)
+    if share < estimated * 2:
+        assert max(held) > share / 2  # the share, not the blocks, bounds it
+
+
+def _kept_and_ghost_moments(monkeypatch, budget: int) -> list[tuple[int, int, int, int]]:
+    """A 7-token response after a 10-token prefix, on a tied model of 4000 tokens (plans of 36 kB a
+    position), its round keeping no moments (the plans alone are kept): at every fold of the exact pass,
+    (position, bytes the first pass keeps in all, of them for the positions after it, ghost moments
+    held)."""
+    model = tiny_llama(tied=True, seed=2, vocab_size=4000, dtype=torch.float32)
+    ids, continuation = torch.arange(100, 110), torch.arange(200, 207)
+    held_after = response._FirstPass.held_after
+    now: list[int] = [0, 0, 0]
+    found: list[tuple[int, int, int, int]] = []
+    add_matrix = block_squares.SquareAccumulator.add_matrix
+
+    def holding(self, t: int) -> int:
+        now[:] = [t, self.kept_bytes, held_after(self, t)]
+        return now[2]
+
+    def counting(self, *args, **kwargs) -> None:
+        add_matrix(self, *args, **kwargs)
+        found.append((now[0], now[1], now[2], sum(m.nbytes for m in self.ghost.values())))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(response._FirstPass, "held_after", holding)
+        patch.setattr(response._FirstPass, "_keeps_carried", lambda self, t, capture: False)
+        patch.setattr(block_squares.SquareAccumulator, "add_matrix", counting)
+        patch.setattr(directions, "_chunk_size", lambda capture, budget: 4)  # several chunks a position
+        analyze_sequence(
+            model,
+            ids,
+            continuation,
+            OFF_POLICY,
+            Method(),
+            memory_budget_bytes=budget,
+            fisher_under_p=False,
+            on_partial=lambda snapshot, kept: None,
+        )
+    return found
+
+
+def test_a_responses_kept_plans_and_ghost_moments_share_one_half_of_the_workspace(monkeypatch):
+    """While the exact pass runs a position, the first pass still keeps the plans of the positions after
+    it: the position's ghost moments have what is left of the share between chunks, so the two together
+    stay within it, where the plans alone and the ghost moments alone fit it but not both."""
+    roomy = _kept_and_ghost_moments(monkeypatch, 1 << 30)
+    kept = roomy[0][1]
+    ghost: dict[int, int] = {}
+    after: dict[int, int] = {}
+    for t, _, later, moments in roomy:
+        ghost[t], after[t] = max(ghost.get(t, 0), moments), later
+    both = max(after[t] + ghost[t] for t in ghost)
+    assert both > max(kept, *ghost.values())  # the two compete: each alone is less than both
+    share = (max(kept, *ghost.values()) + both) // 2
+    tight = _kept_and_ghost_moments(monkeypatch, 2 * share)
+    assert [found[:3] for found in tight] == [found[:3] for found in roomy]  # the same plans kept
+    assert max(later + moments for _, _, later, moments in tight) <= share < both
 
 
 @pytest.mark.parametrize("tables_in_memory", [0, 2])

@@ -17,7 +17,7 @@ from torch import nn
 
 from backend.settings import Settings
 
-BUDGET = Settings().engine_memory_bytes  # the configured memory of one direction chunk
+BUDGET = Settings().engine_memory_bytes  # the configured workspace of the engine (backend.workspace)
 VOCAB = 37
 HIDDEN = 16
 PAD_ID = 1  # inside the vocabulary, and used in a test prefix so padding rows are exercised

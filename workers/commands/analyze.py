@@ -113,7 +113,7 @@ def _analyze(args: argparse.Namespace, writes: bool) -> int:
     rate = matmul_rate(args.device, info.d_model)
     sums_memory = settings.sums_memory_on(args.device)
     cost = estimate_cost(
-        info, job, rate, chunk_bytes=settings.engine_memory_bytes, sums_memory_bytes=sums_memory
+        info, job, rate, workspace_bytes=settings.engine_memory_bytes, sums_memory_bytes=sums_memory
     )
     print(
         f"estimated cost: {cost.flops / 1e12:.3g} TFLOP, {cost.directions} directions, ~{cost.seconds:.3g} s "

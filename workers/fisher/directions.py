@@ -28,6 +28,7 @@ from functools import partial
 
 import torch
 
+from backend.workspace import between_chunks_bytes, chunk_bytes
 from workers.fisher import cpu_kernels
 from workers.fisher.batched_backward import batched_grad
 from workers.fisher.block_squares import (
@@ -148,9 +149,10 @@ def direction_targets(capture: CapturedForward) -> list[torch.Tensor]:
 
 
 def _chunk_size(capture: CapturedForward, memory_budget_bytes: int) -> int:
+    """Directions per chunk: as many as the workspace's chunk share holds (``backend.workspace``)."""
     targets = sum(target.numel() for target in direction_targets(capture))
     per_direction = targets * capture.hidden.element_size() * 2  # the grads, and as much in temporaries
-    return max(1, min(256, memory_budget_bytes // max(per_direction, 1)))
+    return max(1, min(256, chunk_bytes(memory_budget_bytes) // max(per_direction, 1)))
 
 
 @dataclass
@@ -162,7 +164,7 @@ class _Row:
 class _DirectionPass:
     """One batched backward per chunk of directions, folded into the groups' moments block by block."""
 
-    def __init__(self, capture, squares, linears, probes, memory_budget_bytes):
+    def __init__(self, capture, squares, linears, probes, memory_budget_bytes, held_bytes=0):
         self.capture = capture
         self.squares: list[SquareGroup] = squares
         self.linears: list[LinearGroup] = linears
@@ -192,9 +194,9 @@ class _DirectionPass:
         self.square_offsets = [len(linears) + len(self.probes)]
         for s in squares:
             self.square_offsets.append(self.square_offsets[-1] + s.vectors.shape[0])
-        self.accumulators = [
-            self._accumulator(s, memory_budget_bytes // max(len(squares), 1)) for s in squares
-        ]
+        # the ghost moments between chunks: the workspace's other share, but what the caller holds there
+        ghost_budget = max(0, between_chunks_bytes(memory_budget_bytes) - held_bytes)
+        self.accumulators = [self._accumulator(s, ghost_budget // max(len(squares), 1)) for s in squares]
         # name -> the first moment's terms so far, per linear group (its small form, never parameter-sized)
         self.linear_terms: list[dict[str, Factored]] = [{} for _ in linears]
         self.results = DirectionResults()
@@ -374,17 +376,21 @@ def backprop_directions(
     probes: list[EmbeddingRowProbe],
     *,
     memory_budget_bytes: int,
+    held_bytes: int = 0,
     progress: Progress | None = None,
     on_chunk: ChunkCallback | None = None,
 ) -> DirectionResults:
     """Run every direction from h[position] back to the recorded outputs and fold them per block.
+
+    ``memory_budget_bytes``: the engine's workspace (``backend.workspace``), of whose share between
+    chunks the caller holds ``held_bytes`` meanwhile (a response's kept plans for later positions).
 
     ``on_chunk(snapshot, done)`` is called after every chunk but the last: ``done`` counts the
     directions of each square group folded in so far, ``snapshot()`` returns the results they give
     (read them before ``on_chunk`` returns: the next chunk adds into the sums they read).
     With it, the first chunk is kept small so that a first partial result comes early.
     """
-    work = _DirectionPass(capture, squares, linears, probes, memory_budget_bytes)
+    work = _DirectionPass(capture, squares, linears, probes, memory_budget_bytes, held_bytes)
     return _backprop(work, position, memory_budget_bytes, progress, on_chunk)
 
 

@@ -151,6 +151,7 @@ def position_moments(
     capture: CapturedForward | None = None,
     *,
     memory_budget_bytes: int,
+    held_bytes: int = 0,
     progress: Callable[[float], None] | None = None,
     on_partial: PartialCallback | None = None,
     planned: FisherPlans | None = None,
@@ -161,7 +162,8 @@ def position_moments(
     ``planned``: this position's ``fisher_plans``, when already made (a response's first pass makes
     them, cut to a first chunk of directions by ``FisherPlans.leading``, and its exact pass reuses them).
     ``carried``: per Fisher, its leading directions of ``planned`` as an earlier pass left them
-    (``PositionWork.of``).
+    (``PositionWork.of``). ``held_bytes``: what the caller holds meanwhile of the workspace's share
+    between chunks (``backprop_directions``).
 
     ``on_partial(moments, kept_share)``, when given, is called after each chunk of directions but the
     last: ``moments()`` assembles what the directions so far give (the result of C_q truncated to them:
@@ -177,6 +179,7 @@ def position_moments(
         work.linears,
         work.probes,
         memory_budget_bytes=memory_budget_bytes,
+        held_bytes=held_bytes,
         progress=progress,
         on_chunk=None if on_partial is None else _partial_per_chunk(work.plan_mu, work.build, on_partial),
     )

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from backend.vocabulary import Method, takes_a_first_pass
+from backend.workspace import between_chunks_bytes
 from workers.fisher.block_squares import CarriedSquares, carried_bytes, carries_to_a_forward_of_its_own
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.covariance import OutputCovariance, head_row_norms, mean_logit_rows
@@ -306,6 +307,7 @@ def analyze_sequence(
             method,
             capture,
             memory_budget_bytes=memory_budget_bytes,
+            held_bytes=0 if first_pass is None else first_pass.held_after(t),
             progress=chunk_progress,
             on_partial=partial,
             planned=None if first_pass is None else first_pass.take_plans(t),
@@ -405,6 +407,7 @@ class _FirstPass:
     per_tensor: list[dict[str, dict[str, float]]] = field(default_factory=list)  # each position's totals
     row_norms: torch.Tensor | None = None  # |w_a|^2 of the head's rows, read once
     kept_bytes: int = 0  # what the kept plans and carried squares hold
+    kept_for: dict[int, int] = field(default_factory=dict)  # position -> the bytes kept for it
     # position -> its refining round's directions as the exact pass continues them, per Fisher
     carried: dict[int, dict[str, CarriedSquares]] = field(default_factory=dict)
 
@@ -509,19 +512,26 @@ class _FirstPass:
             for found in rows
         ]
 
-    def _keeps(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more are kept for a later pass: what the passes keep (plans, carried
-        squares) stays within one workspace (``memory_budget_bytes``) beside the direction chunk's (a
-        64-token response on a 2048-wide model would hold 4 GB of plans alone)."""
-        if self.kept_bytes + nbytes > self.memory_budget_bytes:
+    def _keeps(self, t: int, nbytes: int) -> bool:
+        """Whether ``nbytes`` more are kept for position t's later pass: what the passes keep (plans,
+        carried squares) stays within the workspace's share between chunks (``backend.workspace``; a
+        64-token response on a 2048-wide model would hold 4 GB of plans alone), which the exact pass's
+        ghost moments share (``held_after``)."""
+        if self.kept_bytes + nbytes > between_chunks_bytes(self.memory_budget_bytes):
             return False
         self.kept_bytes += nbytes
+        self.kept_for[t] = self.kept_for.get(t, 0) + nbytes
         return True
+
+    def held_after(self, t: int) -> int:
+        """What is kept for the positions after t: held while position t's exact pass runs, so its ghost
+        moments have the rest of the share (position t's own carried moments are among them)."""
+        return sum(nbytes for position, nbytes in self.kept_for.items() if position > t)
 
     def _keep_plans(self, t: int, planned: FisherPlans) -> None:
         """Keep position t's plans for later passes where whole (not a first pass's lower bound) and within
         the kept workspace (``_keeps``); the others are made again."""
-        if planned.whole and self._keeps(planned.nbytes()):
+        if planned.whole and self._keeps(t, planned.nbytes()):
             self.plans[t] = planned
 
     def _model_part(self) -> None:
@@ -592,7 +602,7 @@ class _FirstPass:
         planned = self.plans[t]
         if planned is None or not carries_to_a_forward_of_its_own(capture):
             return False
-        return self._keeps(len(planned.plans) * carried_bytes(capture))  # each Fisher's moments
+        return self._keeps(t, len(planned.plans) * carried_bytes(capture))  # each Fisher's moments
 
     def release(self) -> None:
         """The response's forward is no longer needed (the exact pass captures each context)."""
