@@ -187,6 +187,33 @@ def test_c_mu_in_blocks_of_rows_is_the_covariance_of_the_rows(model, monkeypatch
     assert cov.uncentered_eigenvalues() is uncentered
 
 
+@pytest.mark.parametrize("k", [1, 2, 5, 15, 16, 30])
+def test_c_mu_of_fewer_tokens_than_the_width_is_decomposed_in_their_row_space(model, k):
+    """Where mu draws n < d tokens, C_mu is decomposed from its n rows (an n x n problem): the same
+    eigenvalues as the d x d definition's, zeros beyond them, an orthonormal basis of R^d that rebuilds
+    it, and the uncentered spectrum; from n = d on, the d x d Gram as before (16 and 30 here)."""
+    logits = model(input_ids=IDS[None]).logits[0, -1].detach()
+    mu = warped_distribution(logits, 1.0, k, 1.0)
+    rows = model.get_output_embeddings().weight.detach().double()
+    mean = mu @ rows
+    want = (rows - mean).T @ ((rows - mean) * mu[:, None])
+    cov = output_covariance(LogitJacobian(rows, None), mu)
+    width = rows.shape[1]
+    assert (cov.support_rows is not None) == (k < width)
+    assert cov.eigenvalues.shape == (width,) and cov.eigenvectors.shape == (width, width)
+    assert bool((cov.eigenvalues[:-1] >= cov.eigenvalues[1:]).all())  # descending
+    torch.testing.assert_close(cov.eigenvalues, torch.linalg.eigvalsh(want).flip(0), rtol=1e-10, atol=1e-12)
+    if k < width:
+        assert bool((cov.eigenvalues[k:] == 0).all())  # beyond the rows: zeros, not rounding
+    identity = torch.eye(width, dtype=torch.float64)
+    torch.testing.assert_close(cov.eigenvectors.T @ cov.eigenvectors, identity, rtol=0, atol=1e-12)
+    got = (cov.eigenvectors * cov.eigenvalues) @ cov.eigenvectors.T
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert cov.numerical_rank() == min(k - 1, width)
+    uncentered = torch.linalg.eigvalsh(want + torch.outer(mean, mean)).flip(0)
+    torch.testing.assert_close(cov.uncentered_eigenvalues(), uncentered, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_compiled_level_map_is_the_definition(seed, monkeypatch):
     """Against the definition (the top ceil(q P) by value, ties by smallest index, from one stable sort):

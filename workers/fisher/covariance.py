@@ -32,6 +32,9 @@ class OutputCovariance:
     rest_trace: float = 0.0  # trace(C_q) - trace(C_S): what the rows not read carry
     # a response's refining round and its exact pass each record the plans' one C_q: decomposed once
     _uncentered: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    # where q draws fewer tokens than d: the centered rows sqrt(q_a) (j_a - jbar) [n, d], C_q = A^T A
+    # (``_small_support_covariance``), from which the uncentered spectrum is an n + 1 one
+    support_rows: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def whole(self) -> bool:
@@ -68,9 +71,15 @@ class OutputCovariance:
     def uncentered_eigenvalues(self) -> torch.Tensor:
         """Spectrum of C_q + wbar wbar^T (the second moment without centering)."""
         if self._uncentered is None:
-            v = self.eigenvectors
-            second = (v * self.eigenvalues) @ v.T + torch.outer(self.mean_row, self.mean_row)
-            self._uncentered = torch.linalg.eigvalsh(second).flip(0)
+            if self.support_rows is not None:  # B^T B with B = [A; wbar^T]: B B^T's spectrum, then zeros
+                rows = torch.cat([self.support_rows, self.mean_row[None]])
+                found = torch.linalg.eigvalsh(rows @ rows.T)
+                padded = torch.cat([found, found.new_zeros(self.mean_row.numel() - found.numel())])
+                self._uncentered = padded.sort(descending=True).values
+            else:
+                v = self.eigenvectors
+                second = (v * self.eigenvalues) @ v.T + torch.outer(self.mean_row, self.mean_row)
+                self._uncentered = torch.linalg.eigvalsh(second).flip(0)
         return self._uncentered
 
 
@@ -90,6 +99,8 @@ def output_covariance(jacobian: LogitJacobian, q: torch.Tensor) -> OutputCovaria
     blocks = _support_blocks(q)
     width = jacobian.weight.shape[1]
     mean_row = jacobian.combine(q)
+    if sum(rows.numel() for rows, _ in blocks) < width:
+        return _small_support_covariance(jacobian, q, mean_row)
     cov = torch.zeros(width, width, dtype=torch.float64, device=q.device)
     edges = [width * k // GRAM_COLUMN_BLOCKS for k in range(GRAM_COLUMN_BLOCKS + 1)]
     for rows, w in blocks:
@@ -167,6 +178,33 @@ def mean_logit_rows(jacobians: Sequence[LogitJacobian], qs: Sequence[torch.Tenso
         hi = lo + ROWS_PER_BLOCK
         rows.addmm_(coefficients[:, lo:hi], weight[lo:hi].to(torch.float64))
     return rows
+
+
+def _small_support_covariance(
+    jacobian: LogitJacobian, q: torch.Tensor, mean_row: torch.Tensor
+) -> OutputCovariance:
+    """C_q = A^T A for q's n < d support rows A = sqrt(q_a) (j_a - jbar), decomposed in A's row space.
+
+    A^T = Q R (Q [d, d] orthogonal, R's first n rows R_n): C_q = Q_n (R_n R_n^T) Q_n^T, so the eigenpairs
+    of the n x n R_n R_n^T give C_q's (eigenvectors Q_n U, orthonormal as Q and U are), and Q's other
+    d - n columns complete the basis with eigenvalue zero. Why: a top-k sampler's C_q has rank below k,
+    and a d x d eigendecomposition (43 ms at d = 576, 8x that at 1024) was most of a top-k position's
+    plans, for eigenvalues that are zero but for rounding."""
+    index = (q > 0).nonzero()[:, 0]
+    rows = (jacobian.rows(index) - mean_row) * q[index].sqrt()[:, None]  # [n, d]
+    n, width = rows.shape
+    basis, triangle = torch.linalg.qr(rows.T, mode="complete")
+    eigenvalues, small = torch.linalg.eigh(triangle[:n] @ triangle[:n].T)
+    values = torch.cat([eigenvalues, eigenvalues.new_zeros(width - n)])
+    vectors = torch.cat([basis[:, :n] @ small, basis[:, n:]], 1)
+    order = torch.argsort(values, descending=True, stable=True)  # zeros above a rounding's -1e-17
+    return OutputCovariance(
+        eigenvalues=values[order],
+        eigenvectors=vectors[:, order],
+        mean_row=mean_row,
+        support=n,
+        support_rows=rows,
+    )
 
 
 def _support_blocks(q: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
