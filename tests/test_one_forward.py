@@ -209,11 +209,13 @@ def test_several_positions_mean_logit_rows_read_at_once_are_each_positions_own()
         torch.testing.assert_close(row, mean_logit_row(jacobian, q), rtol=1e-12, atol=1e-14)
 
 
-def test_c_mu_over_its_most_probable_rows_is_below_c_mu_with_c_mus_trace():
+@pytest.mark.parametrize("rows", [3, 40])
+def test_c_mu_over_its_most_probable_rows_is_below_c_mu_with_c_mus_trace(rows):
     """``leading_rows_covariance``: C_S over q's most probable rows, centered at q's whole mean, with and
-    without a logit map: its matrix, C_q - C_S positive semi-definite, and trace(C_q) from the rest's sums."""
+    without a logit map: its matrix, C_q - C_S positive semi-definite, and trace(C_q) from the rest's sums;
+    fewer rows than the width (3 of 6) decomposed in their own space, an orthonormal basis all the same."""
     generator = torch.Generator().manual_seed(1)
-    vocab, width, rows = 300, 6, 40
+    vocab, width = 300, 6
     weight = torch.randn(vocab, width, generator=generator)
     q = torch.softmax(3 * torch.randn(vocab, generator=generator, dtype=torch.float64), 0)
     norms = head_row_norms(weight)
@@ -228,5 +230,8 @@ def test_c_mu_over_its_most_probable_rows_is_below_c_mu_with_c_mus_trace():
         assert not found.whole and found.rows_read == rows
         rebuilt = (found.eigenvectors * found.eigenvalues) @ found.eigenvectors.T
         torch.testing.assert_close(rebuilt, part, rtol=1e-10, atol=1e-13)
+        identity = torch.eye(width, dtype=torch.float64)
+        torch.testing.assert_close(found.eigenvectors.T @ found.eigenvectors, identity, rtol=0, atol=1e-12)
+        assert bool((found.eigenvalues[:-1] >= found.eigenvalues[1:]).all())
         assert float(torch.linalg.eigvalsh(whole - part)[0]) >= -1e-12
         assert found.trace == pytest.approx(float(torch.trace(whole)), rel=1e-10)

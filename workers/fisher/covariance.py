@@ -133,7 +133,11 @@ def leading_rows_covariance(
     weights = q[index]
     picked = jacobian.rows(index)  # [rows, d]
     centered = (picked - mean_row) * weights.sqrt()[:, None]
-    eigenvalues, eigenvectors = torch.linalg.eigh(centered.T @ centered)
+    if rows < centered.shape[1]:
+        eigenvalues, eigenvectors = _row_space_eigenpairs(centered)
+    else:
+        ascending, vectors = torch.linalg.eigh(centered.T @ centered)
+        eigenvalues, eigenvectors = ascending.flip(0), vectors.flip(1)
     rest = q.clone()
     rest[index] = 0.0
     norms = row_norms if jacobian.scale is None else row_norms * jacobian.scale.square()
@@ -142,8 +146,8 @@ def leading_rows_covariance(
         float(rest @ norms) - 2 * float(mean_row @ rest_sum) + float(rest.sum()) * float(mean_row @ mean_row)
     )
     return OutputCovariance(
-        eigenvalues=eigenvalues.flip(0),
-        eigenvectors=eigenvectors.flip(1),
+        eigenvalues=eigenvalues,
+        eigenvectors=eigenvectors,
         mean_row=mean_row,
         support=int((q > 0).sum()),
         rows_read=rows,
@@ -192,19 +196,26 @@ def _small_support_covariance(
     plans, for eigenvalues that are zero but for rounding."""
     index = (q > 0).nonzero()[:, 0]
     rows = (jacobian.rows(index) - mean_row) * q[index].sqrt()[:, None]  # [n, d]
+    eigenvalues, eigenvectors = _row_space_eigenpairs(rows)
+    return OutputCovariance(
+        eigenvalues=eigenvalues,
+        eigenvectors=eigenvectors,
+        mean_row=mean_row,
+        support=rows.shape[0],
+        support_rows=rows,
+    )
+
+
+def _row_space_eigenpairs(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues [d] (descending) and eigenvectors [d, d] of A^T A for A = ``rows`` [n, d], n < d, from
+    the n x n R_n R_n^T (``_small_support_covariance``)."""
     n, width = rows.shape
     basis, triangle = torch.linalg.qr(rows.T, mode="complete")
     eigenvalues, small = torch.linalg.eigh(triangle[:n] @ triangle[:n].T)
     values = torch.cat([eigenvalues, eigenvalues.new_zeros(width - n)])
     vectors = torch.cat([basis[:, :n] @ small, basis[:, n:]], 1)
     order = torch.argsort(values, descending=True, stable=True)  # zeros above a rounding's -1e-17
-    return OutputCovariance(
-        eigenvalues=values[order],
-        eigenvectors=vectors[:, order],
-        mean_row=mean_row,
-        support=n,
-        support_rows=rows,
-    )
+    return values[order], vectors[:, order]
 
 
 def _support_blocks(q: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

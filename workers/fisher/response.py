@@ -356,8 +356,11 @@ def _worth_a_first_pass(sampler: Sampler, method: Method, positions: int) -> boo
 MEAN_ROWS_AT_ONCE = 32
 # a response's first pass reads C_q over its most probable rows where q draws more tokens
 # (``leading_rows_covariance``): the leading directions of that lower bound, and C_q's spectrum with the
-# refining round. On SmolLM2 its V d^2 Gram product was 5.4 s of a 16-token first pass on the policy
-FIRST_PASS_GRAM_ROWS = 2048
+# refining round. On SmolLM2 its V d^2 Gram product was 5.4 s of a 16-token first pass on the policy.
+# Fewer rows than d are decomposed in their own space (an n x n problem, not d x d): on SmolLM2, 16
+# tokens on the policy, the first partial came at 4.4-4.7 s with 256 rows (its leading directions
+# 31.7% of the trace), 5.7-6.2 s with 2048 (34.7%), 4.5-4.9 s with 128 (30.5%), in one process
+FIRST_PASS_GRAM_ROWS = 256
 # the share of every position's trace(C_mu) a response's refining round reaches (``_FirstPass.refine``)
 REFINED_SHARE = 0.9
 # a forward of a context costs about as much as this many directions back over it (SmolLM2, 2-core CPU:
