@@ -7,7 +7,7 @@ Prints, and writes as JSON to ``--out``:
   brute force on the CPU), run by pytest;
 - SmolLM2-135M's shape exact on 5 and 32 tokens: end-to-end time (forward to finished summary, warm
   model, the fastest of three), the floor 2 r P T at the measured rate and the ratio to it, when the
-  first partial result comes, peak GPU memory; at the worker's default chunk budget and at a larger one.
+  first partial result comes, peak GPU memory; at the worker's default workspace and at a larger one.
   Targets: 0.3 s and 1 s;
 - precision on that shape (5 tokens): every stat of float32 and of TF32 against float64, all on the GPU,
   as the largest relative L2 error over stats;

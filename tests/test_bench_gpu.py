@@ -36,12 +36,12 @@ def test_every_step_of_the_gpu_run_runs_on_the_cpu_with_small_shapes(bench, tmp_
     assert not failed
     runs = [key for key in report if "/exact/" in key]
     assert runs == [
-        "smollm2-135m/exact/5/1GiB",
-        "smollm2-135m/exact/5/16GiB",
-        "smollm2-135m/exact/32/1GiB",
-        "smollm2-135m/exact/32/16GiB",
-        "smollm2-135m/exact/5/16GiB/math-attention",
-        "qwen3-1.7b/exact/5/16GiB",
+        "smollm2-135m/exact/5/2GiB",
+        "smollm2-135m/exact/5/32GiB",
+        "smollm2-135m/exact/32/2GiB",
+        "smollm2-135m/exact/32/32GiB",
+        "smollm2-135m/exact/5/32GiB/math-attention",
+        "qwen3-1.7b/exact/5/32GiB",
     ]
     hidden = bench.QUICK["hidden_size"]
     for key in runs:
@@ -50,7 +50,7 @@ def test_every_step_of_the_gpu_run_runs_on_the_cpu_with_small_shapes(bench, tmp_
         assert run["directions"] == hidden  # exact: C_mu's rank, the hidden size on a random model
         assert run["first_partial_s"] is not None
     # the first answer off the policy: C_mu of 50 tokens has rank 49 at most
-    first_answer = report["qwen3-1.7b/top-k-50/5/16GiB"]
+    first_answer = report["qwen3-1.7b/top-k-50/5/32GiB"]
     assert first_answer["directions"] == min(hidden, 49) and all(s > 0 for s in first_answer["seconds"])
     assert report["smollm2-135m/certificate"]["passed"] and report["qwen3-1.7b/certificate"]["passed"]
     # its pytest ran: its GPU tests pass where there is a GPU and are skipped where there is none
