@@ -192,8 +192,9 @@ def _small_support_covariance(
     A^T = Q R (Q [d, d] orthogonal, R's first n rows R_n): C_q = Q_n (R_n R_n^T) Q_n^T, so the eigenpairs
     of the n x n R_n R_n^T give C_q's (eigenvectors Q_n U, orthonormal as Q and U are), and Q's other
     d - n columns complete the basis with eigenvalue zero. Why: a top-k sampler's C_q has rank below k,
-    and a d x d eigendecomposition (43 ms at d = 576, 8x that at 1024) was most of a top-k position's
-    plans, for eigenvalues that are zero but for rounding."""
+    and the d x d eigendecompositions (C_q's and the uncentered spectrum's: 75-80 ms a position at
+    d = 576, 370-380 ms at 1024, against 6-10 and 25-41 ms here) were most of a top-k position's plans,
+    for eigenvalues that are zero but for rounding."""
     index = (q > 0).nonzero()[:, 0]
     rows = (jacobian.rows(index) - mean_row) * q[index].sqrt()[:, None]  # [n, d]
     eigenvalues, eigenvectors = _row_space_eigenpairs(rows)

@@ -301,8 +301,11 @@ class FisherPlans:
         return int(self.plans["fisher"].vectors.shape[0])
 
     def nbytes(self) -> int:
-        """What keeping these plans holds: C_mu's eigenvectors and each plan's directions and probes."""
+        """What keeping these plans holds: C_mu's eigenvectors (and its rows, where it was decomposed from
+        them) and each plan's directions and probes."""
         arrays = [self.cov_mu.eigenvectors, self.p_row]
+        if self.cov_mu.support_rows is not None:
+            arrays.append(self.cov_mu.support_rows)
         for plan in self.plans.values():
             arrays += [plan.vectors, plan.head_coefficient, *plan.probes.values()]
         return sum(a.numel() * a.element_size() for a in arrays)
