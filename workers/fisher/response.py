@@ -409,8 +409,7 @@ class _FirstPass:
     memory_budget_bytes: int
     per_tensor: list[dict[str, dict[str, float]]] = field(default_factory=list)  # each position's totals
     row_norms: torch.Tensor | None = None  # |w_a|^2 of the head's rows, read once
-    kept_bytes: int = 0  # what the kept plans and carried squares hold
-    kept_for: dict[int, int] = field(default_factory=dict)  # position -> the bytes kept for it
+    kept_for: dict[int, int] = field(default_factory=dict)  # position -> the bytes its plans and squares kept
     # position -> its refining round's directions as the exact pass continues them, per Fisher
     carried: dict[int, dict[str, CarriedSquares]] = field(default_factory=dict)
 
@@ -522,9 +521,13 @@ class _FirstPass:
         ghost moments share (``held_after``)."""
         if self.kept_bytes + nbytes > between_chunks_bytes(self.memory_budget_bytes):
             return False
-        self.kept_bytes += nbytes
         self.kept_for[t] = self.kept_for.get(t, 0) + nbytes
         return True
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the kept plans and carried squares hold, for every position."""
+        return sum(self.kept_for.values())
 
     def held_after(self, t: int) -> int:
         """What is kept for the positions after t: held while position t's exact pass runs, so its ghost
