@@ -48,6 +48,11 @@ def zeros(shape: tuple[int, ...] | torch.Size, like: torch.Tensor) -> torch.Tens
     return _lent(shape, like).zero_()
 
 
+def empty(shape: tuple[int, ...] | torch.Size, like: torch.Tensor) -> torch.Tensor:
+    """``like.new_empty(shape)``, recycled like ``zeros`` (its values whatever the last loan left)."""
+    return _lent(shape, like)
+
+
 def copy(value: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of ``value`` (``value.clone()``), recycled like ``zeros``: a partial result's
     snapshot copies a running sum it adds into, the table's 113 MB on SmolLM2."""
