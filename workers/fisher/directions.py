@@ -222,6 +222,8 @@ class _DirectionPass:
         moments = self._compiled_ghost_moments(start, deltas)
         for index, (block, delta) in enumerate(zip(self.capture.matrices, deltas, strict=True)):
             self._fold_matrix(index, block, start, delta, moments)
+        for acc in self.accumulators:
+            acc.flush()
         for block in self.capture.embeddings:
             delta = _rows(block.uses, grads[cursor : cursor + len(block.uses)], count)
             cursor += len(block.uses)

@@ -453,9 +453,9 @@ def square_sums(
             wholes.setdefault((value.shape, value.dtype, value.device), []).append((name, value, scale))
         else:
             found[name] = entry.square_sum()
-    _add_feature_grams([feature for group in uses.values() for _, feature, _, _ in group], grams)
+    add_feature_grams([feature for group in uses.values() for _, feature, _, _ in group], grams)
     for group in uses.values():
-        features = torch.stack([grams[_feature_key(feature)] for _, feature, _, _ in group])
+        features = torch.stack([grams[feature_key(feature)] for _, feature, _, _ in group])
         scales = torch.tensor([scale for *_, scale in group], dtype=torch.float64, device=features.device)
         owns = torch.stack([own for _, _, own, _ in group]).double() * scales[:, None, None]
         products = features * (owns @ owns.transpose(1, 2))
@@ -470,16 +470,16 @@ def square_sums(
     return found
 
 
-def _feature_key(feature: torch.Tensor) -> tuple:
+def feature_key(feature: torch.Tensor) -> tuple:
     """The memory a feature array is read from (``_shared_side``): arrays that share it are equal."""
     return (feature.device, feature.data_ptr(), feature.stride(), feature.shape, feature.dtype)
 
 
-def _add_feature_grams(features: list[torch.Tensor], grams: FeatureGrams) -> None:
+def add_feature_grams(features: list[torch.Tensor], grams: FeatureGrams) -> None:
     """X X^T in float64 of each feature array ``grams`` lacks, those of one shape in one product."""
     missing: dict[tuple, torch.Tensor] = {}
     for feature in features:
-        key = _feature_key(feature)
+        key = feature_key(feature)
         if key not in grams:
             missing[key] = feature
     by_shape: dict[tuple, list[tuple[tuple, torch.Tensor]]] = {}
