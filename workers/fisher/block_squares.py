@@ -308,7 +308,8 @@ def add_table_rows(
 class SquareAccumulator:
     """sum_j w_j (d(v_j^T h)/dtheta)^2 for one square group, over every block and generic parameter;
     ``carried``: its leading directions done by an earlier pass of this context, which this one adds to
-    (every block's M folds into its squares at the end, a ghost block's taking this pass's moments first)."""
+    (every block's M folds into its squares at the end, a ghost block's taking this pass's moments first);
+    ``in_one_array``: the sums' (``ParameterSums``)."""
 
     def __init__(
         self,
@@ -316,8 +317,9 @@ class SquareAccumulator:
         directions: int,
         ghost_budget_bytes: int,
         carried: CarriedSquares | None = None,
+        in_one_array: bool = True,
     ):
-        self.sums = ParameterSums(capture.shapes, in_one_array=True)
+        self.sums = ParameterSums(capture.shapes, in_one_array=in_one_array)
         self.ghost_blocks: set[int] = set()  # blocks whose squares take the ghost form
         # M [o, r, s] of ghost blocks between chunks; a group's last chunk folds M into the sums at once,
         # so a pass of one chunk (a study's few directions) never holds every block's M together

@@ -190,7 +190,8 @@ def _compare_with_autograd(
     results = backprop_directions(
         capture,
         position,
-        [SquareGroup("square", v[None], torch.ones(1, dtype=torch.float64))],
+        # read and freed tensor by tensor (``_Compared``): not one array, held until the last
+        [SquareGroup("square", v[None], torch.ones(1, dtype=torch.float64), in_one_array=False)],
         [LinearGroup("first", v)],
         [],
         memory_budget_bytes=memory_budget_bytes,

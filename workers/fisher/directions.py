@@ -77,6 +77,9 @@ class SquareGroup:
     carry: bool = False
     # the group's leading directions, done by an earlier pass of this context: these are the rest
     carried: CarriedSquares | None = None
+    # the squares as views of one recycled array of the model's size (``ParameterSums``), freed when
+    # every tensor is: False for a reader that frees them tensor by tensor (the certificate)
+    in_one_array: bool = True
 
 
 @dataclass
@@ -210,7 +213,9 @@ class _DirectionPass:
         directions = int(group.vectors.shape[0])
         if group.totals_only:
             return CarryingTotals(self.capture, directions) if group.carry else SquareTotals()
-        return SquareAccumulator(self.capture, directions, ghost_budget_bytes, group.carried)
+        return SquareAccumulator(
+            self.capture, directions, ghost_budget_bytes, group.carried, in_one_array=group.in_one_array
+        )
 
     def fold(self, start: int, count: int, grads: tuple) -> None:
         """Fold the gradients of directions start..start+count ([count, *target shape] per target)."""
