@@ -113,3 +113,42 @@ def test_a_copy_is_a_contiguous_clone_in_lent_memory(small_threshold):
     gc.collect()
     again = recycled.copy(value + 1)
     assert again.data_ptr() == address and torch.equal(again, value + 1)
+
+
+def test_a_positions_squares_are_views_of_one_array_lent_again_to_the_next(small_threshold):
+    """``ParameterSums(in_one_array=True)``: every tensor a view of one recycled array, written by the
+    product itself and added into after, an expert's slice zeroed around it; the next position's sums
+    get the same memory once every view of the last is gone, and sums kept apart never take it."""
+    from workers.fisher.block_squares import ParameterSums
+
+    shapes = {"w": (64, 48), "experts": (3, 32, 48)}  # 30 kB: recycled here
+    gen = torch.Generator().manual_seed(0)
+    left, right = torch.randn(64, 5, generator=gen), torch.randn(5, 48, generator=gen)
+    slice_left, slice_right = torch.randn(32, 4, generator=gen), torch.randn(4, 48, generator=gen)
+    sums = ParameterSums(shapes, in_one_array=True)
+    sums.add_product("w", left, right)
+    sums.add_product("w", left.T.contiguous().T, right)  # added in the product, a strided left too
+    sums.add_product("experts", slice_left, slice_right, index=1)
+    torch.testing.assert_close(sums.values["w"], 2 * left @ right)
+    torch.testing.assert_close(sums.values["experts"][1], slice_left @ slice_right)
+    assert not sums.values["experts"][[0, 2]].any()
+    address = sums.values["w"].untyped_storage().data_ptr()
+    assert sums.values["experts"].untyped_storage().data_ptr() == address
+    assert recycled.kept_bytes() == ((64 * 48 + 3 * 32 * 48) * 4, 0)
+
+    kept = sums.values["experts"]  # a reader still holds one tensor: the array is not lent again
+    del sums
+    gc.collect()
+    other = ParameterSums(shapes, in_one_array=True)
+    other.add("w", torch.ones(64, 48))
+    assert other.values["w"].untyped_storage().data_ptr() != address
+    torch.testing.assert_close(kept[1], slice_left @ slice_right)
+    del kept, other
+    gc.collect()
+    following = ParameterSums(shapes, in_one_array=True)
+    following.add("w", torch.ones(64, 48))
+    assert following.values["w"].untyped_storage().data_ptr() == address
+    assert torch.equal(following.values["w"], torch.ones(64, 48))
+    apart = ParameterSums(shapes)
+    apart.add_product("w", left, right)
+    assert apart.values["w"].untyped_storage().data_ptr() != address
