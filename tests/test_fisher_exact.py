@@ -18,6 +18,7 @@ from workers.fisher.block_squares import (
     pair_moments_by_products,
     pair_moments_by_rows,
 )
+from workers.fisher.feature_grams import FeatureGrams
 from workers.fisher.position import PositionInputs, position_moments
 from workers.fisher.reference import brute_force_logit_sensitivities, brute_force_moments
 from workers.fisher.response import analyze_sequence, log_likelihood_gradient
@@ -138,8 +139,10 @@ def test_ghost_and_direct_squares_agree_with_the_definition(rows):
     torch.testing.assert_close(ghost_squares(m, x), want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(direct_squares(x, delta, weights), want, rtol=1e-12, atol=1e-12)
     # their total over the block, read from M without forming them (a refining round's), either layout
+    grams = FeatureGrams()
+    grams.add([x])
     for moments in (m, pair_moments_by_grams(delta, weights)):
-        assert ghost_total(moments, x) == pytest.approx(float(want.sum()), rel=1e-12)
+        assert ghost_total(moments, grams.of(x)) == pytest.approx(float(want.sum()), rel=1e-12)
 
 
 def test_response_sums_match_per_position_brute_force(model):

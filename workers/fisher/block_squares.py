@@ -20,7 +20,7 @@ import torch
 from backend.square_forms import GHOST_ROWWISE_MAX_ROWS, direct_cost, ghost_cost, ghost_entries
 from workers.fisher import cpu_kernels, recycled
 from workers.fisher.capture import CapturedForward, EmbeddingBlock, MatrixBlock
-from workers.fisher.first_moments import add_feature_grams, feature_key
+from workers.fisher.feature_grams import FeatureGrams
 
 # Direct squares: tiles of about this many bytes of per-direction gradient (which form a block takes:
 # backend.square_forms, shared with the cost estimate)
@@ -414,11 +414,13 @@ class SquareTotals:
     small products' calls were most of a 16-token first pass's 0.8 s of totals (210 blocks x 16
     positions on SmolLM2)."""
 
-    def __init__(self) -> None:
+    def __init__(self, grams: FeatureGrams | None = None) -> None:
         self.totals: dict[str, float] = {}
         self.ghost_blocks: frozenset[int] = frozenset()  # no block keeps moments between chunks
         self.ghost: dict[int, torch.Tensor] = {}
         self.pending: list[tuple[MatrixBlock, torch.Tensor, torch.Tensor]] = []  # this chunk's blocks
+        # the forward's Grams (``CapturedForward.grams``): shared by the response's positions read from it
+        self.grams = FeatureGrams() if grams is None else grams
 
     def _add(self, name: str, value: float) -> None:
         self.totals[name] = self.totals.get(name, 0.0) + value
@@ -437,14 +439,13 @@ class SquareTotals:
     def flush(self) -> None:
         """The chunk's blocks' totals (``add_matrix``), before its gradients are freed."""
         pending, self.pending = self.pending, []
-        grams: dict[tuple, torch.Tensor] = {}
-        add_feature_grams([block.feature for block, _, _ in pending], grams)
+        self.grams.add(block.feature for block, _, _ in pending)
         by_shape: dict[tuple, list[tuple[MatrixBlock, torch.Tensor, torch.Tensor]]] = {}
         for item in pending:
             by_shape.setdefault((item[1].shape, item[1].dtype, item[0].feature.shape), []).append(item)
         for group in by_shape.values():
             deltas = torch.stack([delta for _, delta, _ in group]).double()  # [n, b, r, o]
-            features = torch.stack([grams[feature_key(block.feature)] for block, _, _ in group])  # [n, r, r]
+            features = torch.stack([self.grams.of(block.feature) for block, _, _ in group])  # [n, r, r]
             per_direction = (deltas * torch.matmul(features[:, None], deltas)).sum((2, 3))  # [n, b]
             weights = torch.stack([w for _, _, w in group]).double().clamp_min(0)
             for (block, _, _), total in zip(group, (per_direction * weights).sum(1).tolist(), strict=True):
@@ -471,7 +472,7 @@ class CarryingTotals(SquareTotals):
     but a later pass adds its own directions per output; forming M costs the same b o r^2."""
 
     def __init__(self, capture: CapturedForward, directions: int) -> None:
-        super().__init__()
+        super().__init__(capture.grams)
         self.directions = directions
         self.ghost_blocks = frozenset(range(len(capture.matrices)))
         self.blocks = _blocks_of(capture)
@@ -500,9 +501,10 @@ class CarryingTotals(SquareTotals):
 
     def finalize(self, capture: CapturedForward, keep: bool = False) -> ParameterSums:
         self.totals = {}
+        self.grams.add(capture.matrices[index].feature for index in self.ghost)
         for index, m in self.ghost.items():
             block = capture.matrices[index]
-            self._add(block.name, ghost_total(m, block.feature))
+            self._add(block.name, ghost_total(m, self.grams.of(block.feature)))
         for name, (_, rows) in self.table_rows.items():
             self._add(name, float(rows.double().sum()))
         for name, value in self.generic.items():
@@ -516,11 +518,10 @@ class CarryingTotals(SquareTotals):
         )
 
 
-def ghost_total(m: torch.Tensor, x: torch.Tensor) -> float:
+def ghost_total(m: torch.Tensor, gram: torch.Tensor) -> float:
     """sum_{o,i} of ``ghost_squares(m, x)`` without forming it: M summed over its outputs, against the
-    features' Gram (float64)."""
-    gram = x.double() @ x.double().T
+    features' Gram X X^T (float64, ``FeatureGrams``)."""
     if m.dim() == 3:  # [o, r, r]
         return float((m.sum(0, dtype=torch.float64) * gram).sum())
-    first, second, twice = _pairs(x.shape[0], x.device, torch.float64)
+    first, second, twice = _pairs(gram.shape[0], gram.device, torch.float64)
     return float((m.sum(1, dtype=torch.float64) * gram[first, second] * twice).sum())

@@ -34,6 +34,8 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from workers.fisher.feature_grams import FeatureGrams
+
 _TensorBase = torch._C.TensorBase
 _LINEAR = {torch._C._nn.linear}
 _MATMUL = {torch.matmul, _TensorBase.matmul, _TensorBase.__matmul__, torch.mm, _TensorBase.mm}
@@ -125,6 +127,8 @@ class CapturedForward:
     # the analysed position's row: the last one, unless this is a longer forward read at an earlier
     # position (``at``)
     last: int | None = None
+    # the Gram matrices of its recorded features, shared by the contexts read from it (``at``)
+    grams: FeatureGrams = field(default_factory=FeatureGrams)
 
     @property
     def length(self) -> int:

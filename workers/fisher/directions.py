@@ -212,7 +212,9 @@ class _DirectionPass:
     def _accumulator(self, group: SquareGroup, ghost_budget_bytes: int) -> SquareAccumulator | SquareTotals:
         directions = int(group.vectors.shape[0])
         if group.totals_only:
-            return CarryingTotals(self.capture, directions) if group.carry else SquareTotals()
+            if group.carry:
+                return CarryingTotals(self.capture, directions)
+            return SquareTotals(self.capture.grams)
         return SquareAccumulator(
             self.capture, directions, ghost_budget_bytes, group.carried, in_one_array=group.in_one_array
         )

@@ -26,6 +26,7 @@ from typing import overload
 import torch
 
 from backend.vocabulary import PIECE_VALUES
+from workers.fisher.feature_grams import FeatureGrams
 
 Params = dict[str, torch.Tensor]
 # formed tensors kept for their next reader: a summary reads a tensor's first moments once per stat it
@@ -422,42 +423,39 @@ def square_sum(terms: tuple[Term, ...]) -> float | None:
     return max(total, 0.0)  # rounding below an exact zero
 
 
-FeatureGrams = dict[tuple, torch.Tensor]
-
-
 def square_sums(
     entries: Mapping[str, Factored], feature_grams: FeatureGrams | None = None
 ) -> dict[str, float | None]:
-    """``Factored.square_sum`` of many tensors at once: those whose terms are one matrix use's (every
-    linear weight: its features and its own side, the deltas added in float64) in one batched Gram
-    product per shape, small tensors of one whole array (a norm's gradient) in one sum per shape. Why:
-    per tensor the products are a few r x r matrices, and issuing them a tensor at a time (272 tensors,
-    three or four stats per position) was most of a response's first pass square totals.
+    """``Factored.square_sum`` of many tensors at once: those whose terms are on one matrix use's
+    features (every linear weight; a mean shift's two terms too) in one batched Gram product per shape,
+    their own sides added in float64 in the batch; small tensors of one whole array (a norm's gradient)
+    in one sum per shape. Why: per tensor the products are a few r x r matrices, and issuing them, or
+    adding a mean shift's sides, a tensor at a time (272 tensors, three or four stats per position) was
+    most of a response's first pass square totals.
 
-    ``feature_grams``: the features' Gram matrices X X^T, made once per recorded array (q, k and v read
-    one), for calls on first moments of one forward while its records live (keyed by their memory)."""
-    grams: FeatureGrams = {} if feature_grams is None else feature_grams
+    ``feature_grams``: the features' Gram matrices, shared by the calls on one forward's first moments
+    (``CapturedForward.grams``: every position of a response, every statistic)."""
+    grams = FeatureGrams() if feature_grams is None else feature_grams
     found: dict[str, float | None] = {}
-    uses: dict[tuple, list[tuple[str, torch.Tensor, torch.Tensor, float]]] = {}
+    uses: dict[tuple, list[tuple[str, torch.Tensor, list[OuterRows]]]] = {}
     wholes: dict[tuple, list[tuple[str, torch.Tensor, float]]] = {}
     for name, entry in entries.items():
         terms = entry.terms
         use = _one_use(terms)
         if use is not None:
-            feature, own, scale = use
-            uses.setdefault((feature.shape, feature.dtype, own.shape, own.dtype, feature.device), []).append(
-                (name, feature, own, scale)
-            )
+            feature, own = use
+            sides = tuple((t.delta.shape, t.delta.dtype) for t in own)
+            key = (feature.shape, feature.dtype, feature.device, sides)
+            uses.setdefault(key, []).append((name, feature, own))
         elif len(terms) == 1 and isinstance(terms[0], Whole) and terms[0].value.numel() <= SMALL_WHOLE_VALUES:
             value, scale = terms[0].value, terms[0].scale
             wholes.setdefault((value.shape, value.dtype, value.device), []).append((name, value, scale))
         else:
             found[name] = entry.square_sum()
-    add_feature_grams([feature for group in uses.values() for _, feature, _, _ in group], grams)
+    grams.add(feature for group in uses.values() for _, feature, _ in group)
     for group in uses.values():
-        features = torch.stack([grams[feature_key(feature)] for _, feature, _, _ in group])
-        scales = torch.tensor([scale for *_, scale in group], dtype=torch.float64, device=features.device)
-        owns = torch.stack([own for _, _, own, _ in group]).double() * scales[:, None, None]
+        features = torch.stack([grams.of(feature) for _, feature, _ in group])
+        owns = _own_sides([own for *_, own in group])
         products = features * (owns @ owns.transpose(1, 2))
         for (name, *_), total in zip(group, products.sum((1, 2)).tolist(), strict=True):
             found[name] = max(total, 0.0)  # rounding below an exact zero
@@ -470,49 +468,33 @@ def square_sums(
     return found
 
 
-def feature_key(feature: torch.Tensor) -> tuple:
-    """The memory a feature array is read from (``_shared_side``): arrays that share it are equal."""
-    return (feature.device, feature.data_ptr(), feature.stride(), feature.shape, feature.dtype)
+def _own_sides(uses: list[list[OuterRows]]) -> torch.Tensor:
+    """[n, r, o] float64: each use's terms' own sides (deltas) times their scales, added (exact for a
+    mean shift's two float32 terms), the k-th terms of every use in one batched operation."""
+    owns: torch.Tensor | None = None
+    for k in range(len(uses[0])):
+        deltas = torch.stack([terms[k].delta for terms in uses]).double()
+        scales = torch.tensor([terms[k].scale for terms in uses], dtype=torch.float64, device=deltas.device)
+        side = deltas.mul_(scales[:, None, None])
+        owns = side if owns is None else owns.add_(side)
+    assert owns is not None
+    return owns
 
 
-def add_feature_grams(features: list[torch.Tensor], grams: FeatureGrams) -> None:
-    """X X^T in float64 of each feature array ``grams`` lacks, those of one shape in one product."""
-    missing: dict[tuple, torch.Tensor] = {}
-    for feature in features:
-        key = feature_key(feature)
-        if key not in grams:
-            missing[key] = feature
-    by_shape: dict[tuple, list[tuple[tuple, torch.Tensor]]] = {}
-    for key, feature in missing.items():
-        by_shape.setdefault((feature.shape, feature.dtype, feature.device), []).append((key, feature))
-    for group in by_shape.values():
-        stacked = torch.stack([feature for _, feature in group]).double()
-        for (key, _), gram in zip(group, stacked @ stacked.transpose(1, 2), strict=True):
-            grams[key] = gram
-
-
-def _one_use(terms: tuple[Term, ...]) -> tuple[torch.Tensor, torch.Tensor, float] | None:
-    """(features [r, i], own side [r, o], its scale) of terms that all read one use's recorded features
-    on the whole tensor (``_shared_side``), with as many rows; several terms' own sides are added in
-    float64 (as ``_all_sides`` does). None otherwise."""
+def _one_use(terms: tuple[Term, ...]) -> tuple[torch.Tensor, list[OuterRows]] | None:
+    """(features [r, i], the terms) of terms that all read one use's recorded features on the whole
+    tensor (``_shared_side``), with as many rows as its features; None otherwise (their squares are
+    summed tensor by tensor, ``Factored.square_sum``)."""
     if not terms or not all(isinstance(t, OuterRows) and t.index is None for t in terms):
         return None
-    first = terms[0]
-    assert isinstance(first, OuterRows)
-    if len(terms) == 1:
-        feature, own, scale = first.feature, first.delta, first.scale
-    elif len({_shared_side(t) for t in terms}) == 1:
-        # the deltas added in float64 (exact for a mean shift's two float32 terms), the shorter padded
-        uses = [t for t in terms if isinstance(t, OuterRows)]
-        own = _times(uses[0].delta.double(), uses[0].scale)
-        for term in uses[1:]:
-            own = _padded_sum(own, _times(term.delta.double(), term.scale))
-        # the recorded array itself, not a float64 copy: its memory is the key of its Gram matrix
-        feature = max((t.feature for t in uses), key=lambda f: f.shape[0])
-        scale = 1.0
-    else:
+    uses = [t for t in terms if isinstance(t, OuterRows)]
+    feature = uses[0].feature
+    rows = feature.shape[0]
+    if any(t.delta.shape[0] != rows or t.feature.shape[0] != rows for t in uses):
         return None
-    return (feature, own, scale) if own.shape[0] == feature.shape[0] else None
+    if len(uses) > 1 and len({_shared_side(t) for t in uses}) > 1:
+        return None
+    return feature, uses
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from backend.workspace import between_chunks_bytes
 from workers.fisher.block_squares import CarriedSquares, carried_bytes, carries_to_a_forward_of_its_own
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.covariance import OutputCovariance, head_row_norms, mean_logit_rows
-from workers.fisher.first_moments import FeatureGrams
+from workers.fisher.feature_grams import FeatureGrams
 from workers.fisher.model_totals import TotalsGroups
 from workers.fisher.parameter_arrays import SumsStorage
 from workers.fisher.position import (
@@ -107,11 +107,14 @@ def next_token_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids[None], use_cache=False).logits[0].double()  # exact for float32 too
 
 
-def tensor_totals(m: PositionMoments, on_policy: bool) -> dict[str, dict[str, float]]:
+def tensor_totals(
+    m: PositionMoments, on_policy: bool, grams: FeatureGrams | None = None
+) -> dict[str, dict[str, float]]:
     """A position's totals per tensor, by key: its Fisher, the squares of its first moments (the mean
     shift, the common component, kbar under mu off the policy and, with a reward, the policy gradient),
-    and the bound. The squares are summed from the first moments' small forms (``square_sums_of``)."""
-    grams: FeatureGrams = {}  # the position's first moments read one forward's features: made once
+    and the bound. The squares are summed from the first moments' small forms (``square_sums_of``), on
+    the Grams of the forward they read (``CapturedForward.grams``; none: made for this position)."""
+    grams = FeatureGrams() if grams is None else grams  # the position's statistics read one forward
     totals = {
         "fisher": _fisher_totals(m),
         "common_sq": square_sums_of(m.kbar_p, grams),
@@ -466,15 +469,19 @@ class _FirstPass:
                     forward.model, inputs, self.method, capture, leading, self.reward is None
                 )
 
+        # every position reads the first rows of the whole response's features: their Grams' leading
+        # blocks (``FeatureGrams``), made once here for every position and statistic
+        whole.grams.add(block.feature for block in whole.matrices)
         for t, (work, moments) in enumerate(positions_moments(works(), budget)):
             inputs = work.inputs
-            per_tensor = tensor_totals(moments, inputs.on_policy)
+            per_tensor = tensor_totals(moments, inputs.on_policy, whole.grams)
             self.per_tensor.append(per_tensor)
             analysis.positions.append(_record(inputs, moments, forward.target(t), per_tensor))
             analysis.directions += moments.directions
             analysis.sums.add_first_moments(moments)
             if not inputs.on_policy:
-                analysis.accumulated_shift_sq.append(square_total_of(analysis.sums.sums["mean_shift"]))
+                shifts = analysis.sums.sums["mean_shift"]
+                analysis.accumulated_shift_sq.append(square_total_of(shifts, whole.grams))
             del work, moments
             report("first pass", (t + 1) / forward.positions)
         self._model_part()
@@ -547,7 +554,8 @@ class _FirstPass:
                 into = summed.setdefault(key, {})
                 for name, value in values.items():
                     into[name] = into.get(name, 0.0) + value
-        self.analysis.model_part = first_pass_model_part(self.analysis.sums, summed, self.layout)
+        grams = None if self.whole is None else self.whole.grams
+        self.analysis.model_part = first_pass_model_part(self.analysis.sums, summed, self.layout, grams)
 
     def refine(self, report: Progress) -> bool:
         """A round that takes every position below ``REFINED_SHARE`` of its trace(C_mu) to it: the
@@ -637,12 +645,17 @@ class _FirstPass:
         return sum(kept * trace for kept, trace in traces) / total if total > 0 else 1.0
 
 
-def first_pass_model_part(sums: MomentSums, summed: dict[str, dict[str, float]], layout: HeadLayout) -> dict:
+def first_pass_model_part(
+    sums: MomentSums,
+    summed: dict[str, dict[str, float]],
+    layout: HeadLayout,
+    grams: FeatureGrams | None = None,
+) -> dict:
     """A light summary's model part (``model_summary``: totals per tensor, layer, kind and model, no
     curve) of a response's first pass: the first moments' squares from ``sums``, the Fisher's and the
     squares summed over positions from each position's ``tensor_totals`` (``summed``). rho, a ratio per
-    parameter, is not known (None)."""
-    moments = {key: square_sums_of(table) for key, table in sums.sums.items()}
+    parameter, is not known (None). ``grams``: those of the forward the sums read (``FeatureGrams``)."""
+    moments = {key: square_sums_of(table, grams) for key, table in sums.sums.items()}
     with_reward = "policy_grad" in sums.sums
     grouped = TotalsGroups(layout.shapes, layout.head_name, layout.embedding_name)
     for name in layout.names:

@@ -20,9 +20,9 @@ import torch
 
 from backend.vocabulary import RHO_NOT_ASKED, STATS
 from workers.fisher import cpu_kernels
+from workers.fisher.feature_grams import FeatureGrams
 from workers.fisher.first_moments import (
     Factored,
-    FeatureGrams,
     FirstMoment,
     FormedCache,
     Piece,
@@ -56,9 +56,9 @@ def square_total(values: Sequence[torch.Tensor]) -> float:
     return sum(float(v.double().square().sum()) for v in values)
 
 
-def square_total_of(tensors: Mapping[str, torch.Tensor]) -> float:
+def square_total_of(tensors: Mapping[str, torch.Tensor], feature_grams: FeatureGrams | None = None) -> float:
     """``square_total`` of a mapping's tensors (``square_sums_of``, added up)."""
-    return sum(square_sums_of(tensors).values())
+    return sum(square_sums_of(tensors, feature_grams).values())
 
 
 def square_sums_of(
