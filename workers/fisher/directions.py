@@ -159,6 +159,15 @@ def _chunk_size(capture: CapturedForward, memory_budget_bytes: int) -> int:
 
 
 @dataclass
+class _ChunkRows:
+    """A chunk's directions by kind (``_DirectionPass._square_slices``, ``_other_rows``)."""
+
+    squares: list[tuple[SquareAccumulator | SquareTotals, slice, torch.Tensor, bool]]
+    linear: list[tuple[int, int]]  # (position in the chunk, group)
+    probes: list[tuple[int, int]]
+
+
+@dataclass
 class _Row:
     kind: str  # square | linear | probe
     group: int
@@ -226,19 +235,26 @@ class _DirectionPass:
         for block in self.capture.matrices:
             deltas.append(_rows(block.uses, grads[cursor : cursor + len(block.uses)], count))
             cursor += len(block.uses)
-        moments = self._compiled_ghost_moments(start, deltas)
+        # the chunk's rows by kind, the same for every tensor: found once, not once per tensor (a
+        # response's first pass folds a few directions per position into each of ~300 tensors)
+        rows = _ChunkRows(
+            list(self._square_slices(start, count)),
+            self._other_rows(start, count, "linear"),
+            self._other_rows(start, count, "probe"),
+        )
+        moments = self._compiled_ghost_moments(deltas, rows)
         for index, (block, delta) in enumerate(zip(self.capture.matrices, deltas, strict=True)):
-            self._fold_matrix(index, block, start, delta, moments)
+            self._fold_matrix(index, block, delta, moments, rows)
         for acc in self.accumulators:
             acc.flush()
         for block in self.capture.embeddings:
             delta = _rows(block.uses, grads[cursor : cursor + len(block.uses)], count)
             cursor += len(block.uses)
-            unique, rows = embedding_rows(block, self.indices[block.name], delta, self.padding[block.name])
-            self._fold_embedding(block, start, unique, rows)
+            unique, looked = embedding_rows(block, self.indices[block.name], delta, self.padding[block.name])
+            self._fold_embedding(block, start, unique, looked, rows)
         for name, grad in zip(self.capture.generic, grads[cursor:], strict=True):
             if grad is not None:
-                self._fold_generic(name, start, grad)
+                self._fold_generic(name, start, grad, rows)
 
     def _group_slices(self, g: int, start: int, count: int) -> tuple[slice, slice, bool] | None:
         """Square group g's directions in the chunk of ``count`` from ``start``: (their slice of the
@@ -264,8 +280,8 @@ class _DirectionPass:
         return [(b, self.rows[start + b].group) for b in range(count) if self.rows[start + b].kind == kind]
 
     def _compiled_ghost_moments(
-        self, start: int, deltas: list[torch.Tensor]
-    ) -> dict[tuple[int, SquareAccumulator], torch.Tensor]:
+        self, deltas: list[torch.Tensor], rows: _ChunkRows
+    ) -> dict[tuple[int, SquareAccumulator | SquareTotals], torch.Tensor]:
         """(block, square group's accumulator) -> the block's ghost moments so far, this chunk's included,
         for the blocks whose moments are a compiled loop. Those loops run in threads, blocks shared
         among them: each runs on one core, and at short contexts they were 0.3 s of SmolLM2's 5-token
@@ -274,7 +290,7 @@ class _DirectionPass:
             (index, acc, local, weights)
             for index, delta in enumerate(deltas)
             if ghost_moments_compiled(delta)
-            for acc, local, weights, _ in self._square_slices(start, delta.shape[0])
+            for acc, local, weights, _ in rows.squares
             if index in acc.ghost_blocks
         ]
         sizes = [deltas[index][local].numel() for index, _, local, _ in items]
@@ -290,27 +306,24 @@ class _DirectionPass:
         self,
         index: int,
         block: MatrixBlock,
-        start: int,
         delta: torch.Tensor,
-        moments: dict[tuple[int, SquareAccumulator], torch.Tensor],
+        moments: dict[tuple[int, SquareAccumulator | SquareTotals], torch.Tensor],
+        rows: _ChunkRows,
     ) -> None:
-        count = delta.shape[0]
-        for acc, local, weights, last in self._square_slices(start, count):
+        for acc, local, weights, last in rows.squares:
             acc.add_matrix(index, block, delta[local], weights, last, moments.get((index, acc)))
-        linear = self._other_rows(start, count, "linear")
         feature = block.feature  # the block's one array: positions' terms on it join (``_shared_side``)
-        for b, group in linear:  # a copy of the row: the chunk's gradients are freed after the fold
+        for b, group in rows.linear:  # a copy of the row: the chunk's gradients are freed after the fold
             self._add_linear(
                 group, block.name, OuterRows(delta[b].clone(), feature, block.transposed, block.slice)
             )
 
-    def _fold_embedding(self, block: EmbeddingBlock, start: int, unique, rows) -> None:
-        count = rows.shape[0]
-        for acc, local, weights, _ in self._square_slices(start, count):
+    def _fold_embedding(self, block: EmbeddingBlock, start: int, unique, rows, chunk: _ChunkRows) -> None:
+        for acc, local, weights, _ in chunk.squares:
             acc.add_embedding(block, unique, rows[local], weights)
-        for b, group in self._other_rows(start, count, "linear"):
+        for b, group in chunk.linear:
             self._add_linear(group, block.name, TableRows(unique, rows[b].clone()))
-        for b, group in self._other_rows(start, count, "probe"):
+        for b, group in chunk.probes:
             probe = self.probes[group]
             if probe.param == block.name:
                 at = _row_of(unique, probe.token_id)
@@ -320,13 +333,12 @@ class _DirectionPass:
             if at is not None:
                 self._sum_probe(probe, start, rows[:, at])
 
-    def _fold_generic(self, name: str, start: int, grad: torch.Tensor) -> None:
-        count = grad.shape[0]
-        for acc, local, weights, _ in self._square_slices(start, count):
+    def _fold_generic(self, name: str, start: int, grad: torch.Tensor, chunk: _ChunkRows) -> None:
+        for acc, local, weights, _ in chunk.squares:
             acc.add_generic(name, grad[local], weights)
-        for b, group in self._other_rows(start, count, "linear"):
+        for b, group in chunk.linear:
             self._add_linear(group, name, Whole(grad[b].clone()))
-        for b, group in self._other_rows(start, count, "probe"):
+        for b, group in chunk.probes:
             probe = self.probes[group]
             if probe.param == name:
                 self.results.probes[probe.name] = grad[b][probe.token_id]
