@@ -414,13 +414,13 @@ class SquareTotals:
     small products' calls were most of a 16-token first pass's 0.8 s of totals (210 blocks x 16
     positions on SmolLM2)."""
 
-    def __init__(self, grams: FeatureGrams | None = None) -> None:
+    def __init__(self, grams: FeatureGrams) -> None:
         self.totals: dict[str, float] = {}
         self.ghost_blocks: frozenset[int] = frozenset()  # no block keeps moments between chunks
         self.ghost: dict[int, torch.Tensor] = {}
         self.pending: list[tuple[MatrixBlock, torch.Tensor, torch.Tensor]] = []  # this chunk's blocks
         # the forward's Grams (``CapturedForward.grams``): shared by the response's positions read from it
-        self.grams = FeatureGrams() if grams is None else grams
+        self.grams = grams
 
     def _add(self, name: str, value: float) -> None:
         self.totals[name] = self.totals.get(name, 0.0) + value

@@ -26,7 +26,7 @@ from typing import overload
 import torch
 
 from backend.vocabulary import PIECE_VALUES
-from workers.fisher.feature_grams import FeatureGrams
+from workers.fisher.feature_grams import FeatureGrams, memory_key
 
 Params = dict[str, torch.Tensor]
 # formed tensors kept for their next reader: a summary reads a tensor's first moments once per stat it
@@ -340,18 +340,9 @@ def _shared_side(term: Term) -> tuple[tuple, str] | None:
     """What a term may share with another of the same tensor (the same recorded array: a use's
     features, the head's h, a lookup's rows), and which of its sides is then its own."""
     if isinstance(term, OuterRows):
-        # by the memory the features are read from, so that a context's first rows of a longer forward's
-        # features (``CapturedForward.at``) share them: the same memory holds the same values
-        feature = term.feature
-        key = (
-            "use",
-            feature.device,
-            feature.data_ptr(),
-            feature.stride(),
-            feature.shape[1:],
-            term.transposed,
-            term.index,
-        )
+        # by the memory the features are read from (``memory_key``), so that a context's first rows of a
+        # longer forward's features (``CapturedForward.at``) share them: the same memory holds the same values
+        key = ("use", *memory_key(term.feature), term.transposed, term.index)
         return key, "right" if term.transposed else "left"
     if isinstance(term, HeadOuter):
         return ("head", None if term.features is None else id(term.features)), "left"
