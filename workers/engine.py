@@ -21,6 +21,7 @@ import torch
 from backend.settings import Settings
 from backend.summary import AnalysisSummary
 from backend.vocabulary import STATS, EngineKind, Method, Sampler, SamplerKind
+from workers.collector import earlier_objects_frozen
 from workers.fisher.concentration import NAMED_FRACTIONS
 from workers.fisher.model_summary import model_summary
 from workers.fisher.parameter_arrays import SumsStorage
@@ -224,6 +225,7 @@ class _Partials:
         self.deliver(summary, kept_share)
 
 
+@earlier_objects_frozen()
 def run_analysis(
     loaded: LoadedModel,
     request: AnalysisRequest,

@@ -22,6 +22,7 @@ from torch import nn
 
 from backend.study_summary import PromptRecord, ResponseRecord
 from backend.vocabulary import EngineKind
+from workers.collector import earlier_objects_frozen
 from workers.fisher.position import HeadLayout
 from workers.fisher.response import log_likelihood_gradient
 from workers.fisher.sampling import sample_continuation, stop_ids
@@ -81,6 +82,7 @@ def model_meta(loaded: LoadedModel) -> dict:
     }
 
 
+@earlier_objects_frozen()
 def run_study_part(
     study_model: StudyModel,
     spec: StudySpec,
