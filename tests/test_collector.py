@@ -61,3 +61,14 @@ def test_an_error_in_a_stage_unfreezes() -> None:
     except RuntimeError:
         pass
     assert gc.get_freeze_count() == 0
+
+
+def test_objects_the_process_froze_itself_stay_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with earlier_objects_frozen():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

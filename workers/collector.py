@@ -19,21 +19,25 @@ from collections.abc import Iterator
 
 _lock = threading.Lock()
 _stages = 0  # such stages running now, in any thread
+_ours = False  # whether the first stage in froze (not where the process had frozen objects already)
 
 
 @contextlib.contextmanager
 def earlier_objects_frozen() -> Iterator[None]:
     """Process-wide: the first stage in freezes what is tracked, the last one out unfreezes it (so a
-    model dropped from a worker's cache afterwards is collected as usual)."""
-    global _stages
+    model dropped from a worker's cache afterwards is collected as usual). A process that froze
+    objects of its own (a server preloading before it forks) keeps them frozen: nothing is done."""
+    global _stages, _ours
     with _lock:
         _stages += 1
         if _stages == 1:
-            gc.freeze()
+            _ours = gc.get_freeze_count() == 0
+            if _ours:
+                gc.freeze()
     try:
         yield
     finally:
         with _lock:
             _stages -= 1
-            if _stages == 0:
+            if _stages == 0 and _ours:
                 gc.unfreeze()
