@@ -237,24 +237,24 @@ class _DirectionPass:
             cursor += len(block.uses)
         # the chunk's rows by kind, the same for every tensor: found once, not once per tensor (a
         # response's first pass folds a few directions per position into each of ~300 tensors)
-        rows = _ChunkRows(
+        chunk = _ChunkRows(
             list(self._square_slices(start, count)),
             self._other_rows(start, count, "linear"),
             self._other_rows(start, count, "probe"),
         )
-        moments = self._compiled_ghost_moments(deltas, rows)
+        moments = self._compiled_ghost_moments(deltas, chunk)
         for index, (block, delta) in enumerate(zip(self.capture.matrices, deltas, strict=True)):
-            self._fold_matrix(index, block, delta, moments, rows)
+            self._fold_matrix(index, block, delta, moments, chunk)
         for acc in self.accumulators:
             acc.flush()
         for block in self.capture.embeddings:
             delta = _rows(block.uses, grads[cursor : cursor + len(block.uses)], count)
             cursor += len(block.uses)
-            unique, looked = embedding_rows(block, self.indices[block.name], delta, self.padding[block.name])
-            self._fold_embedding(block, start, unique, looked, rows)
+            unique, rows = embedding_rows(block, self.indices[block.name], delta, self.padding[block.name])
+            self._fold_embedding(block, start, unique, rows, chunk)
         for name, grad in zip(self.capture.generic, grads[cursor:], strict=True):
             if grad is not None:
-                self._fold_generic(name, start, grad, rows)
+                self._fold_generic(name, start, grad, chunk)
 
     def _group_slices(self, g: int, start: int, count: int) -> tuple[slice, slice, bool] | None:
         """Square group g's directions in the chunk of ``count`` from ``start``: (their slice of the
@@ -280,7 +280,7 @@ class _DirectionPass:
         return [(b, self.rows[start + b].group) for b in range(count) if self.rows[start + b].kind == kind]
 
     def _compiled_ghost_moments(
-        self, deltas: list[torch.Tensor], rows: _ChunkRows
+        self, deltas: list[torch.Tensor], chunk: _ChunkRows
     ) -> dict[tuple[int, SquareAccumulator | SquareTotals], torch.Tensor]:
         """(block, square group's accumulator) -> the block's ghost moments so far, this chunk's included,
         for the blocks whose moments are a compiled loop. Those loops run in threads, blocks shared
@@ -290,7 +290,7 @@ class _DirectionPass:
             (index, acc, local, weights)
             for index, delta in enumerate(deltas)
             if ghost_moments_compiled(delta)
-            for acc, local, weights, _ in rows.squares
+            for acc, local, weights, _ in chunk.squares
             if index in acc.ghost_blocks
         ]
         sizes = [deltas[index][local].numel() for index, _, local, _ in items]
@@ -308,12 +308,12 @@ class _DirectionPass:
         block: MatrixBlock,
         delta: torch.Tensor,
         moments: dict[tuple[int, SquareAccumulator | SquareTotals], torch.Tensor],
-        rows: _ChunkRows,
+        chunk: _ChunkRows,
     ) -> None:
-        for acc, local, weights, last in rows.squares:
+        for acc, local, weights, last in chunk.squares:
             acc.add_matrix(index, block, delta[local], weights, last, moments.get((index, acc)))
         feature = block.feature  # the block's one array: positions' terms on it join (``_shared_side``)
-        for b, group in rows.linear:  # a copy of the row: the chunk's gradients are freed after the fold
+        for b, group in chunk.linear:  # a copy of the row: the chunk's gradients are freed after the fold
             self._add_linear(
                 group, block.name, OuterRows(delta[b].clone(), feature, block.transposed, block.slice)
             )
