@@ -5,9 +5,9 @@ Why: a loaded model, torch and transformers make about 480k objects the collecto
 in a worker), and a full collection walks all of them: 0.2 s each on this project's 2-core VMs. An
 analysis makes enough short-lived objects (a first moment's terms, a chunk's views) to set off such
 collections while it runs, and none of them can free what the model holds. Measured on SmolLM2, a
-16-token response at top-k 50, job start to the first partial result, frozen and not alternated in one
-process (five responses): 3.97-4.55 s frozen, 4.34-4.64 s not. What a stage makes is collected as
-before; garbage from before it waits until it ends.
+16-token response at top-k 50, job start to the first partial result, this freeze on and off alternated
+in one process (six responses): 4.08-4.81 s on (mean 4.36), 4.24-4.84 s off (mean 4.58). What a stage
+makes is collected as before; garbage from before it waits until it ends.
 """
 
 from __future__ import annotations
