@@ -94,6 +94,13 @@ def _pairs(
     return first, second, torch.where(first == second, 1.0, 2.0).to(dtype)
 
 
+def pair_index(rows: int, within: int, device: torch.device) -> torch.Tensor:
+    """Where the pairs r <= s of the first ``rows`` rows sit among the pairs of ``within`` rows, both in
+    ``_pairs``' row-major order (row r's pairs start after r rows of within, within - 1, ... pairs)."""
+    first, second = torch.triu_indices(rows, rows, device=device)
+    return first * within - first * (first - 1) // 2 + (second - first)
+
+
 def ghost_moments(
     delta: torch.Tensor, weights: torch.Tensor, into: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -275,6 +282,25 @@ def carried_bytes(capture: CapturedForward) -> int:
     return moments + lookups + generic
 
 
+def rows_are_the_tokens(capture: CapturedForward, index: int) -> bool:
+    """Whether matrix block ``index``'s rows are the context's tokens, its tensor's one use: the first n
+    rows of a longer context's are then this context's (``nested_ghost``). Not an expert's (the tokens
+    routed to it), a weight used twice, or a tensor of several blocks."""
+    block = capture.matrices[index]
+    return (
+        block.slice is None
+        and len(block.uses) == 1
+        and block.feature.shape[0] == capture.length
+        and sum(other.name == block.name for other in capture.matrices) == 1
+    )
+
+
+def _as_pairs(m: torch.Tensor) -> torch.Tensor:
+    """M kept whole [o, r, r] as its pairs r <= s [pairs, o] (``ghost_moments``' layout for few rows)."""
+    first, second, _ = _pairs(m.shape[1], m.device, m.dtype)
+    return m[:, first, second].T.contiguous()
+
+
 def carries_to_a_forward_of_its_own(capture: CapturedForward) -> bool:
     """Whether a later pass's own forward of the context has the same rows as ``capture`` (read at a
     position of a longer forward, ``CapturedForward.at``): not where an expert's rows are the tokens
@@ -309,7 +335,9 @@ class SquareAccumulator:
     """sum_j w_j (d(v_j^T h)/dtheta)^2 for one square group, over every block and generic parameter;
     ``carried``: its leading directions done by an earlier pass of this context, which this one adds to
     (every block's M folds into its squares at the end, a ghost block's taking this pass's moments first);
-    ``in_one_array``: the sums' (``ParameterSums``)."""
+    ``in_one_array``: the sums' (``ParameterSums``); ``keep_ghost``: a ghost block whose rows are the
+    context's tokens keeps its pair moments (``kept``) instead of folding them into its squares, for a
+    caller that sums them over nested contexts (``nested_ghost``)."""
 
     def __init__(
         self,
@@ -318,6 +346,7 @@ class SquareAccumulator:
         ghost_budget_bytes: int,
         carried: CarriedSquares | None = None,
         in_one_array: bool = True,
+        keep_ghost: bool = False,
     ):
         self.sums = ParameterSums(capture.shapes, in_one_array=in_one_array)
         self.ghost_blocks: set[int] = set()  # blocks whose squares take the ghost form
@@ -340,6 +369,13 @@ class SquareAccumulator:
             if ghost_bytes <= budget:
                 budget -= ghost_bytes
                 self.ghost_blocks.add(index)
+        # block -> its pair moments [pairs, o], the squares left unformed (``keep_ghost``)
+        self.kept: dict[int, torch.Tensor] = {}
+        self.keeps = (
+            {index for index in self.ghost_blocks if rows_are_the_tokens(capture, index)}
+            if keep_ghost and carried is None
+            else set()
+        )
         if carried is not None:
             self.ghost.update(carried.ghost)
             self.table_rows.update(carried.table_rows)
@@ -364,6 +400,9 @@ class SquareAccumulator:
                 self.ghost[index] = m
                 return
             self.ghost.pop(index, None)
+            if index in self.keeps:
+                self.kept[index] = m if m.dim() == 2 else _as_pairs(m)
+                return
             self.sums.add_product(block.name, *ghost_factors(m, block.feature, block.transposed), block.slice)
             return
         target, fresh = self.sums.slot(block.name, delta, block.slice)

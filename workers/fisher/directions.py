@@ -49,6 +49,7 @@ from workers.fisher.capture import (
     UnsupportedArchitecture,
 )
 from workers.fisher.first_moments import Factored, FirstMoment, OuterRows, TableRows, Term, Whole
+from workers.fisher.nested_ghost import KeptGhost
 from workers.fisher.shards import check_agreement, current_shard, sum_over_processes
 
 Progress = Callable[[float], None]
@@ -80,6 +81,9 @@ class SquareGroup:
     # the squares as views of one recycled array of the model's size (``ParameterSums``), freed when
     # every tensor is: False for a reader that frees them tensor by tensor (the certificate)
     in_one_array: bool = True
+    # a ghost block whose rows are the context's tokens leaves its pair moments unformed, in
+    # ``DirectionResults.kept_ghost``: a study sums them over nested contexts (``nested_ghost``)
+    keep_ghost: bool = False
 
 
 @dataclass
@@ -109,6 +113,8 @@ class DirectionResults:
     lent: dict[str, set[str]] = field(default_factory=dict)
     # group -> what its directions leave for a later pass of the context (``SquareGroup.carry``)
     carried: dict[str, CarriedSquares] = field(default_factory=dict)
+    # group -> its blocks' pair moments left unformed (``SquareGroup.keep_ghost``), not in ``squares``
+    kept_ghost: dict[str, list[KeptGhost]] = field(default_factory=dict)
     directions: int = 0  # back-propagated by this process (all of them but under torchrun)
 
     def owns(self, group: str, name: str) -> bool:
@@ -225,7 +231,12 @@ class _DirectionPass:
                 return CarryingTotals(self.capture, directions)
             return SquareTotals(self.capture.grams)
         return SquareAccumulator(
-            self.capture, directions, ghost_budget_bytes, group.carried, in_one_array=group.in_one_array
+            self.capture,
+            directions,
+            ghost_budget_bytes,
+            group.carried,
+            in_one_array=group.in_one_array,
+            keep_ghost=group.keep_ghost,
         )
 
     def fold(self, start: int, count: int, grads: tuple) -> None:
@@ -373,6 +384,11 @@ class _DirectionPass:
             sums = acc.finalize(self.capture, keep)
             results.squares[square.name] = sums.values
             results.lent[square.name] = sums.lent
+            if isinstance(acc, SquareAccumulator) and acc.kept and not keep:
+                results.kept_ghost[square.name] = [
+                    KeptGhost(block.name, m, block.feature, block.transposed)
+                    for block, m in ((self.capture.matrices[index], m) for index, m in acc.kept.items())
+                ]
             if isinstance(acc, CarryingTotals) and not keep:
                 rows = {p.name: self.summed_rows[p.name] for p in self.summed if p.group == g}
                 results.carried[square.name] = acc.carried(rows)

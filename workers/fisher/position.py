@@ -11,7 +11,7 @@ tied embedding adds its input-side terms and the cross term 2 mu_c g'(l_c) h_k (
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -547,10 +547,15 @@ class HeadTerms:
         return out
 
     def second_moment(
-        self, input_side: Params | None, coefficient: torch.Tensor, in_place: bool = False
+        self,
+        input_side: Params | None,
+        coefficient: torch.Tensor,
+        in_place: bool = False,
+        absent: Collection[str] = (),
     ) -> Params:
         """The squares with the head's closed form (``coefficient`` carries g'^2): coefficient_c h_k^2 on
-        the weight, coefficient_c on the bias; zeros for tensors the directions did not reach.
+        the weight, coefficient_c on the bias; zeros for tensors the directions did not reach, but those
+        ``absent`` (whose squares the caller forms elsewhere), left out.
         ``in_place``: the head's closed form is added into ``input_side``'s head tensor, which the caller
         gives up (a fresh head-sized array costs a page fault per 4 kB, more than the addition)."""
         h, dtype = self.h, self.h.dtype
@@ -558,6 +563,8 @@ class HeadTerms:
         features = h * h
         out: Params = {}
         for name in self.layout.names:
+            if name in absent:
+                continue
             value = (input_side or {}).get(name)
             if name == self.layout.head_name:
                 if value is None:

@@ -23,12 +23,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from backend.vocabulary import Method
+from backend.workspace import between_chunks_bytes
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.covariance import output_covariance
 from workers.fisher.directions import (
@@ -41,6 +43,7 @@ from workers.fisher.directions import (
 from workers.fisher.first_moments import FirstMoment, Piece, formed_in_pieces, in_piece, largest_piece
 from workers.fisher.logit_map import logit_jacobian
 from workers.fisher.methods import SecondMomentPlan, second_moment_plan
+from workers.fisher.nested_ghost import KeptGhost, NestedGhostSums, nested_bytes, nested_groups
 from workers.fisher.parameter_arrays import parameter_arrays
 from workers.fisher.position import HeadLayout, HeadTerms, head_rows, looked_up_rows
 from workers.fisher.response import next_token_logits
@@ -51,6 +54,7 @@ from workers.fisher.sampler import (
     uniform_distribution,
 )
 from workers.fisher.scratch_pool import summary_scratch
+from workers.fisher.shards import current_shard
 
 Params = dict[str, torch.Tensor]
 Progress = Callable[[float], None]
@@ -133,9 +137,15 @@ class StudySums:
         return parameter_arrays(self.names, self.shapes, self.dtype, self.device, self.backing, stat)
 
     def add(self, stat: str, params: Params, weight: float = 1.0) -> None:
-        """sums[stat] += weight * params (in place: no P-sized temporary)."""
+        """sums[stat] += weight * params (in place: no P-sized temporary); a tensor ``params`` lacks adds
+        nothing."""
         for name in self.names:
-            self.add_tensor(stat, Piece(name, self.shapes[name]), params[name], weight)
+            if name in params:
+                self.add_tensor(stat, Piece(name, self.shapes[name]), params[name], weight)
+
+    def add_product(self, stat: str, name: str, left: torch.Tensor, right: torch.Tensor) -> None:
+        """sums[stat][name] += left @ right, in the product itself."""
+        self._slot(stat, name).addmm_(left.to(self.dtype), right.to(self.dtype))
 
     def add_tensor(self, stat: str, piece: Piece, value: torch.Tensor, weight: float = 1.0) -> None:
         """``add`` of one tensor's piece."""
@@ -197,6 +207,8 @@ class ContextMoments:
     mean_shift: FirstMoment | None
     fisher_under: dict[str, Params]  # Var_q[kappa] for each reference distribution asked for
     directions: int
+    # the Fisher's ghost blocks left as pair moments (``keep_ghost``): their tensors are not in ``fisher``
+    kept_ghost: list[KeptGhost] = field(default_factory=list)
 
 
 def context_moments(
@@ -210,11 +222,15 @@ def context_moments(
     *,
     memory_budget_bytes: int,
     progress: Progress | None = None,
+    keep_ghost: bool = False,
+    held_bytes: int = 0,
 ) -> ContextMoments:
     """Fisher under mu and mean shift at the next token of ``context_ids`` [t], in one direction pass.
 
     ``references``: names of ``Reference`` distributions whose Fisher is also wanted (same pass, same
-    method); on-policy the model's one is the sampler's and costs nothing more.
+    method); on-policy the model's one is the sampler's and costs nothing more. ``keep_ghost``: the
+    Fisher's ghost blocks whose rows are the tokens stay pair moments (``ContextMoments.kept_ghost``);
+    ``held_bytes``: what the caller holds meanwhile of the workspace's share between chunks.
     """
     capture = capture_forward(model, context_ids)
     position = capture.length - 1
@@ -235,10 +251,14 @@ def context_moments(
     results = backprop_directions(
         capture,
         position,
-        [SquareGroup(key, plan.vectors, plan.weights) for key, plan in plans.items()],
+        [
+            SquareGroup(key, plan.vectors, plan.weights, keep_ghost=keep_ghost and key == "fisher")
+            for key, plan in plans.items()
+        ],
         linears,
         probes,
         memory_budget_bytes=memory_budget_bytes,
+        held_bytes=held_bytes,
         progress=progress,
     )
     h = capture.hidden[position].detach()
@@ -246,11 +266,12 @@ def context_moments(
     head = HeadTerms(layout, h, jacobian.head_scale())
     second = {key: _second_moment(head, results, key, plan) for key, plan in plans.items()}
     fisher = second.pop("fisher")
+    kept = results.kept_ghost.get("fisher", [])
     if Reference.model in references and sampler.is_on_policy:
         second[Reference.model] = fisher
     shift = None if sampler.is_on_policy else head.first_moment(results.linears.get("mean_shift"), mu - p)
     directions = sum(int(plan.vectors.shape[0]) for plan in plans.values()) + len(linears) + len(probes)
-    return ContextMoments(fisher, shift, second, directions)
+    return ContextMoments(fisher, shift, second, directions, kept)
 
 
 def _next_token_distributions(
@@ -280,7 +301,8 @@ def _next_token_distributions(
 def _second_moment(head: HeadTerms, results: DirectionResults, key: str, plan: SecondMomentPlan) -> Params:
     """Input side plus the head's closed form plus, for a tied table, the cross term of the rows read."""
     owned = results.owns(key, head.layout.head_name)
-    params = head.second_moment(results.squares.get(key), plan.head_coefficient, in_place=owned)
+    kept = {block.name for block in results.kept_ghost.get(key, [])}
+    params = head.second_moment(results.squares.get(key), plan.head_coefficient, in_place=owned, absent=kept)
     name, h = head.layout.head_name, head.h
     for c in plan.probes:
         row = results.probes.get(f"{key}:{c}")
@@ -336,32 +358,47 @@ def add_prompt_fisher(
     contexts = shared_contexts(responses)
     context_totals: dict[tuple[int, ...], tuple[float, float]] = {}
     compared: defaultdict[str, float] = defaultdict(float)
-    directions = direction_tokens = 0
-    for done, (context, count) in enumerate(contexts.items()):
-        ids = torch.cat([prompt_ids, torch.tensor(context, dtype=torch.long, device=prompt_ids.device)])
-        asked = references if (references_everywhere or not context) else ()
-
-        def step(fraction: float, done: int = done) -> None:
-            if progress is not None:
-                progress((done + fraction) / len(contexts))
-
-        moments = context_moments(
-            model,
-            layout,
-            ids,
-            sampler,
-            replace(method, seed=derived_seed(seed, *ids.tolist())),
-            engine_model,
-            asked,
-            memory_budget_bytes=memory_budget_bytes,
-            progress=step,
+    directions = direction_tokens = done = 0
+    for group in nested_groups(contexts):
+        longest = group[-1][0]
+        # a context compared with references keeps its Fisher whole (the totals compared read it)
+        nested = (
+            None
+            if references and (references_everywhere or not longest)
+            else _nested_sums(sums, model, prompt_ids.numel() + len(longest), memory_budget_bytes)
         )
-        context_totals[context] = _add_context(sums, moments, count)
-        if asked:
-            _add_compared(compared, moments, count, fisher_total=context_totals[context][0])
-        directions += moments.directions
-        direction_tokens += moments.directions * ids.numel()
-        del moments
+        for context, count in group:
+            ids = torch.cat([prompt_ids, torch.tensor(context, dtype=torch.long, device=prompt_ids.device)])
+            asked = references if (references_everywhere or not context) else ()
+
+            def step(fraction: float, done: int = done) -> None:
+                if progress is not None:
+                    progress((done + fraction) / len(contexts))
+
+            moments = context_moments(
+                model,
+                layout,
+                ids,
+                sampler,
+                replace(method, seed=derived_seed(seed, *ids.tolist())),
+                engine_model,
+                asked,
+                memory_budget_bytes=memory_budget_bytes,
+                progress=step,
+                keep_ghost=nested is not None and not asked,
+                held_bytes=0 if nested is None else nested.held_bytes,
+            )
+            context_totals[context] = _add_context(sums, moments, count)
+            if nested is not None:
+                nested.add(moments.kept_ghost, count)
+            if asked:
+                _add_compared(compared, moments, count, fisher_total=context_totals[context][0])
+            directions += moments.directions
+            direction_tokens += moments.directions * ids.numel()
+            done += 1
+            del moments
+        if nested is not None:
+            nested.add_into(partial(sums.add_product, StudyStat.fisher))
     sums.contexts += len(contexts)
     sums.directions += directions
     sums.direction_tokens += direction_tokens
@@ -370,11 +407,25 @@ def add_prompt_fisher(
     return PromptFisher(totals, dict(compared), len(contexts), directions)
 
 
+def _nested_sums(sums: StudySums, model: nn.Module, rows: int, budget_bytes: int) -> NestedGhostSums | None:
+    """Where a group of nested contexts of at most ``rows`` rows sums its ghost blocks' pair moments:
+    none under torchrun (each process holds a share of a context's directions) or where they would be
+    more than half of what the workspace keeps between chunks (bounded by every matrix's larger side;
+    the direction pass's moments between chunks have the rest)."""
+    outputs = sum(max(p.shape) for _, p in model.named_parameters() if p.dim() == 2)
+    held = nested_bytes(rows, outputs, torch.empty((), dtype=sums.dtype).element_size())
+    if current_shard() is not None or held > between_chunks_bytes(budget_bytes) // 2:
+        return None
+    return NestedGhostSums(rows, sums.dtype, held)
+
+
 def _add_context(sums: StudySums, moments: ContextMoments, count: int) -> tuple[float, float]:
-    """Add one context's F, M and squared mean shift ``count`` times; its Fisher and uncentered totals
-    (U = F + the squared mean shift)."""
+    """Add one context's F, M and squared mean shift ``count`` times (of the Fisher's kept ghost blocks,
+    their totals only: their squares are added by the group's ``NestedGhostSums``); its Fisher and
+    uncentered totals (U = F + the squared mean shift)."""
     sums.add(StudyStat.fisher, moments.fisher, count)
     fisher_total = sum(float(v.sum()) for v in moments.fisher.values())
+    fisher_total += sum(block.total() for block in moments.kept_ghost)
     shift_sq_total = 0.0
     shift = moments.mean_shift
     if shift is None:
