@@ -8,7 +8,7 @@ import torch
 
 from tests.tiny_models import BUDGET, tiny_model
 from workers.fisher import study
-from workers.fisher.block_squares import pair_index
+from workers.fisher.block_squares import ghost_factors, pair_index
 from workers.fisher.nested_ghost import KeptGhost, NestedGhostSums, nested_groups
 from workers.fisher.sampler import Sampler
 from workers.studies.prompts import EncodedPrompt
@@ -93,3 +93,24 @@ def test_a_study_with_one_product_per_group_equals_one_product_per_context(famil
             )
     for got, want in zip(nested.responses, each.responses, strict=True):
         assert got.totals == pytest.approx(want.totals, rel=1e-9)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_sum_of_prefixes_is_each_contexts_ghost_squares_added_up(transposed):
+    """Contexts of 2 and 3 rows of a group of 5 (the longest context took the block's direct form): one
+    product over the 3 rows, each context's M weighted by its count, equals each context's own product."""
+    torch.manual_seed(0)
+    features = torch.randn(3, 4, dtype=torch.float64)  # the rows every context shares
+    out = 6
+    nested = NestedGhostSums(rows=5, dtype=torch.float64, held_bytes=0)
+    want = torch.zeros((4, out) if transposed else (out, 4), dtype=torch.float64)
+    for rows, count in ((2, 3.0), (3, 2.0)):
+        moments = torch.randn(rows * (rows + 1) // 2, out, dtype=torch.float64)
+        feature = features[:rows]
+        left, right = ghost_factors(moments, feature, transposed)
+        want += count * (left @ right)
+        nested.add([KeptGhost("w", moments, feature, transposed)], count)
+    got: dict[str, torch.Tensor] = {}
+    nested.add_into(lambda name, left, right: got.setdefault(name, left @ right))
+    torch.testing.assert_close(got["w"], want, rtol=1e-12, atol=1e-12)
+    assert not nested.moments

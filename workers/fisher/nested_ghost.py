@@ -46,13 +46,14 @@ class KeptGhost:
 @dataclass
 class NestedGhostSums:
     """The pair moments of contexts that are prefixes of one context of ``rows`` rows, summed in its
-    pair layout, with that context's features (``add`` it like the others); ``add_into`` forms the sum."""
+    pair layout, and per block the features of the longest context that kept it (a context may take a
+    block's direct form instead: fewer directions, or less workspace); ``add_into`` forms the sum."""
 
     rows: int
     dtype: torch.dtype
     held_bytes: int  # the most it holds (``nested_bytes``), of the workspace's share between chunks
     moments: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [pairs of rows, o]
-    features: dict[str, tuple[torch.Tensor, bool]] = field(default_factory=dict)  # the longest context's
+    features: dict[str, tuple[torch.Tensor, bool]] = field(default_factory=dict)  # per block, see above
 
     def add(self, kept: Iterable[KeptGhost], weight: float) -> None:
         for block in kept:
@@ -65,16 +66,18 @@ class NestedGhostSums:
                 target = block.moments.new_zeros(pairs, block.moments.shape[1], dtype=self.dtype)
                 self.moments[block.name] = target
             target.index_add_(0, index, block.moments.to(self.dtype), alpha=weight)
-            if block.rows == self.rows:
+            seen = self.features.get(block.name)
+            if seen is None or seen[0].shape[0] < block.rows:
                 self.features[block.name] = (block.feature, block.transposed)
 
     def add_into(self, add_product: AddProduct) -> None:
-        """Each block's summed squares, as one product ``add_product(name, left, right)``; then empty."""
-        missing = sorted(set(self.moments) - set(self.features))
-        if missing:
-            raise ValueError(f"the longest context's features were never added: {missing[:3]}")
+        """Each block's summed squares, as one product ``add_product(name, left, right)``; then empty.
+        A block's pairs beyond the rows of the longest context that kept it are zero: not multiplied."""
         for name, moments in self.moments.items():
             feature, transposed = self.features[name]
+            rows = int(feature.shape[0])
+            if rows < self.rows:
+                moments = moments[pair_index(rows, self.rows, moments.device)]
             add_product(name, *ghost_factors(moments, feature.to(self.dtype), transposed))
         self.moments.clear()
         self.features.clear()
