@@ -80,7 +80,7 @@ def ghost_factors(
     (``transposed``: [i, o]), for a caller that writes or adds it into an array of its own
     (``ParameterSums.add_product``)."""
     first, second, twice = _pairs(x.shape[0], x.device, x.dtype)
-    m_pairs = m if m.dim() == 2 else m[:, first, second].T
+    m_pairs = as_pairs(m)
     features = x[first] * x[second] * twice[:, None]  # [pairs, i]
     return (features.T, m_pairs) if transposed else (m_pairs.T, features)
 
@@ -92,6 +92,14 @@ def _pairs(
     symmetric sum: an off-diagonal pair stands for (r, s) and (s, r)."""
     first, second = torch.triu_indices(rows, rows, device=device)
     return first, second, torch.where(first == second, 1.0, 2.0).to(dtype)
+
+
+def as_pairs(m: torch.Tensor) -> torch.Tensor:
+    """M as its pairs r <= s [pairs, o], either layout ``ghost_moments`` keeps (kept whole: [o, r, r])."""
+    if m.dim() == 2:
+        return m
+    first, second, _ = _pairs(m.shape[1], m.device, m.dtype)
+    return m[:, first, second].T
 
 
 def pair_index(rows: int, within: int, device: torch.device) -> torch.Tensor:
@@ -295,12 +303,6 @@ def rows_are_the_tokens(capture: CapturedForward, index: int) -> bool:
     )
 
 
-def _as_pairs(m: torch.Tensor) -> torch.Tensor:
-    """M kept whole [o, r, r] as its pairs r <= s [pairs, o] (``ghost_moments``' layout for few rows)."""
-    first, second, _ = _pairs(m.shape[1], m.device, m.dtype)
-    return m[:, first, second].T.contiguous()
-
-
 def carries_to_a_forward_of_its_own(capture: CapturedForward) -> bool:
     """Whether a later pass's own forward of the context has the same rows as ``capture`` (read at a
     position of a longer forward, ``CapturedForward.at``): not where an expert's rows are the tokens
@@ -401,7 +403,7 @@ class SquareAccumulator:
                 return
             self.ghost.pop(index, None)
             if index in self.keeps:
-                self.kept[index] = m if m.dim() == 2 else _as_pairs(m)
+                self.kept[index] = as_pairs(m)
                 return
             self.sums.add_product(block.name, *ghost_factors(m, block.feature, block.transposed), block.slice)
             return

@@ -35,13 +35,6 @@ class KeptGhost:
     def rows(self) -> int:
         return int(self.feature.shape[0])
 
-    def total(self) -> float:
-        """The sum of the squares it stands for, from the pairs' Gram entries (float64; never formed)."""
-        first, second = torch.triu_indices(self.rows, self.rows, device=self.feature.device)
-        x = self.feature.double()
-        gram = (x @ x.T)[first, second] * torch.where(first == second, 1.0, 2.0).to(x)
-        return float(gram @ self.moments.double().sum(1))
-
 
 @dataclass
 class NestedGhostSums:

@@ -31,6 +31,7 @@ from torch import nn
 
 from backend.vocabulary import Method
 from backend.workspace import between_chunks_bytes
+from workers.fisher.block_squares import ghost_total
 from workers.fisher.capture import CapturedForward, capture_forward
 from workers.fisher.covariance import output_covariance
 from workers.fisher.directions import (
@@ -209,6 +210,7 @@ class ContextMoments:
     directions: int
     # the Fisher's ghost blocks left as pair moments (``keep_ghost``): their tensors are not in ``fisher``
     kept_ghost: list[KeptGhost] = field(default_factory=list)
+    kept_total: float = 0.0  # their squares' sum (float64, never formed)
 
 
 def context_moments(
@@ -262,16 +264,19 @@ def context_moments(
         progress=progress,
     )
     h = capture.hidden[position].detach()
+    kept = results.kept_ghost.get("fisher", [])
+    # the kept blocks' totals from M against the features' Grams, one per array (q, k and v read one)
+    capture.grams.add(block.feature for block in kept)
+    kept_total = sum(ghost_total(block.moments, capture.grams.of(block.feature)) for block in kept)
     del capture
     head = HeadTerms(layout, h, jacobian.head_scale())
     second = {key: _second_moment(head, results, key, plan) for key, plan in plans.items()}
     fisher = second.pop("fisher")
-    kept = results.kept_ghost.get("fisher", [])
     if Reference.model in references and sampler.is_on_policy:
         second[Reference.model] = fisher
     shift = None if sampler.is_on_policy else head.first_moment(results.linears.get("mean_shift"), mu - p)
     directions = sum(int(plan.vectors.shape[0]) for plan in plans.values()) + len(linears) + len(probes)
-    return ContextMoments(fisher, shift, second, directions, kept)
+    return ContextMoments(fisher, shift, second, directions, kept, kept_total)
 
 
 def _next_token_distributions(
@@ -425,7 +430,7 @@ def _add_context(sums: StudySums, moments: ContextMoments, count: int) -> tuple[
     uncentered totals (U = F + the squared mean shift)."""
     sums.add(StudyStat.fisher, moments.fisher, count)
     fisher_total = sum(float(v.sum()) for v in moments.fisher.values())
-    fisher_total += sum(block.total() for block in moments.kept_ghost)
+    fisher_total += moments.kept_total
     shift_sq_total = 0.0
     shift = moments.mean_shift
     if shift is None:
